@@ -1,0 +1,1 @@
+"""tilevox: engine_builder."""

@@ -1,0 +1,1 @@
+"""tilevox: model definitions, checkpoint loaders and streaming state."""

@@ -1,0 +1,1 @@
+"""tilevox: trt_plugins."""
