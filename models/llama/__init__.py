@@ -1,0 +1,16 @@
+"""Llama 3.x decoder: config, model with a slot-based batched KV cache, and weight loading."""
+
+from models.llama.config import LLAMA_PRESETS, LlamaConfig
+from models.llama.model import LlamaForCausalLM, LlamaKVCache, LlamaMLP
+from models.llama.weights import load_llama, load_llama_config, random_llama
+
+__all__ = [
+    "LLAMA_PRESETS",
+    "LlamaConfig",
+    "LlamaForCausalLM",
+    "LlamaKVCache",
+    "LlamaMLP",
+    "load_llama",
+    "load_llama_config",
+    "random_llama",
+]

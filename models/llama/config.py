@@ -1,0 +1,199 @@
+"""Configuration of a Llama decoder (Llama 3.x layout, as transformers' LlamaConfig).
+
+`LlamaConfig` is frozen and validated on construction; `from_hf_config` reads a checkpoint's
+config.json with transformers' defaults for absent keys, and `PRESETS` holds exact-size
+shapes for random-weight models. Imports: stdlib only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = ["LLAMA_PRESETS", "LlamaConfig"]
+
+_ROPE_TYPES = ("default", "llama3")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads (transformers' rule)
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_type: str = "default"  # "default" or "llama3"
+    # llama3 rope scaling (ignored for rope_type "default")
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads}) when head_dim is not given"
+            )
+        if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim <= 0):
+            raise ValueError(f"head_dim must be a positive integer or None, got {self.head_dim!r}")
+        if self.resolved_head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.resolved_head_dim}")
+        if not (self.rms_norm_eps > 0.0):
+            raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        if not (self.rope_theta > 0.0) or not math.isfinite(self.rope_theta):
+            raise ValueError(f"rope_theta must be a positive finite number, got {self.rope_theta}")
+        if self.rope_type not in _ROPE_TYPES:
+            raise ValueError(f"rope_type must be one of {_ROPE_TYPES}, got {self.rope_type!r}")
+        if self.rope_type == "llama3":
+            if not (self.rope_factor >= 1.0):
+                raise ValueError(f"llama3 rope factor must be >= 1, got {self.rope_factor}")
+            if not (0.0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
+                raise ValueError(
+                    "llama3 rope needs 0 < low_freq_factor < high_freq_factor, got "
+                    f"{self.rope_low_freq_factor} and {self.rope_high_freq_factor}"
+                )
+            if self.rope_original_max_position_embeddings <= 0:
+                raise ValueError(
+                    "llama3 rope original_max_position_embeddings must be positive, got "
+                    f"{self.rope_original_max_position_embeddings}"
+                )
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_key_value_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def with_vocab_size(self, vocab_size: int) -> "LlamaConfig":
+        return replace(self, vocab_size=vocab_size)
+
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any]) -> "LlamaConfig":
+        """Build from a transformers LlamaConfig dict (config.json); absent keys take transformers' defaults.
+
+        Raises ValueError naming the key for anything this decoder does not implement."""
+        if not isinstance(hf, dict):
+            raise ValueError(f"config must be a dict, got {type(hf).__name__}")
+        model_type = hf.get("model_type", "llama")
+        if model_type != "llama":
+            raise ValueError(f"config.json model_type must be 'llama', got {model_type!r}")
+        hidden_act = hf.get("hidden_act", "silu")
+        if hidden_act != "silu":
+            raise ValueError(f"config.json hidden_act {hidden_act!r} is not supported (only 'silu')")
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        missing = [key for key in required if key not in hf]
+        if missing:
+            raise ValueError(f"config.json lacks required key(s): {', '.join(missing)}")
+        rope_kwargs: dict[str, Any] = {}
+        scaling = hf.get("rope_scaling")
+        if scaling is not None:
+            if not isinstance(scaling, dict):
+                raise ValueError(f"config.json rope_scaling must be an object or null, got {scaling!r}")
+            # transformers accepts the older key "type" for "rope_type"
+            rope_type = scaling.get("rope_type", scaling.get("type"))
+            if rope_type not in _ROPE_TYPES:
+                raise ValueError(f"config.json rope_scaling type {rope_type!r} is not supported; known: {_ROPE_TYPES}")
+            rope_kwargs["rope_type"] = rope_type
+            if rope_type == "llama3":
+                keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+                absent = [key for key in keys if key not in scaling]
+                if absent:
+                    raise ValueError(f"config.json llama3 rope_scaling lacks: {', '.join(absent)}")
+                rope_kwargs.update(
+                    rope_factor=float(scaling["factor"]),
+                    rope_low_freq_factor=float(scaling["low_freq_factor"]),
+                    rope_high_freq_factor=float(scaling["high_freq_factor"]),
+                    rope_original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+                )
+        if hf.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("config.json partial_rotary_factor != 1 is not supported")
+        num_heads = hf["num_attention_heads"]
+        num_kv_heads = hf.get("num_key_value_heads")
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_heads if num_kv_heads is None else num_kv_heads,
+            head_dim=hf.get("head_dim"),
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=bool(hf.get("attention_bias", False)),
+            mlp_bias=bool(hf.get("mlp_bias", False)),
+            **rope_kwargs,
+        )
+
+    @classmethod
+    def preset(cls, name: str) -> "LlamaConfig":
+        if name not in LLAMA_PRESETS:
+            raise ValueError(f"unknown Llama preset {name!r}; known: {', '.join(LLAMA_PRESETS)}")
+        return LLAMA_PRESETS[name]
+
+
+LLAMA_PRESETS: dict[str, LlamaConfig] = {
+    # Llama-3.2-1B shapes with Llasa-1B's vocabulary: 128256 Llama tokens + 8 Llasa markers + 65536
+    # speech tokens = 193800. Untied: Llasa's single 3.53 GB bf16 safetensors is 1.77 B parameters,
+    # which only adds up with a separate lm_head (tied would be 1.37 B, 2.74 GB).
+    "1b": LlamaConfig(
+        vocab_size=193800,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_type="llama3",
+        rope_factor=32.0,
+        rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0,
+        rope_original_max_position_embeddings=8192,
+        tie_word_embeddings=False,
+    ),
+    # Small enough for CPU tests; llama3 scaling with a short original context so that all three
+    # frequency bands (kept, smoothed, divided) occur at head_dim 16.
+    "tiny": LlamaConfig(
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_type="llama3",
+        rope_factor=8.0,
+        rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0,
+        rope_original_max_position_embeddings=64,
+        tie_word_embeddings=False,
+    ),
+}

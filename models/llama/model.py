@@ -1,0 +1,324 @@
+"""Llama decoder (as transformers' LlamaForCausalLM computes it) over a slot-based batched KV cache.
+
+`LlamaKVCache` is a fixed pool of `max_streams` slots x `max_seq_len` positions; each stream owns a
+slot and a length. `LlamaForCausalLM.prefill` appends a prompt to one slot, `decode` appends one token
+to each of several slots that sit at different positions (keys past a stream's own position are
+masked). Module and parameter names equal transformers' so checkpoints load by name.
+Imports: torch and models.llama.config only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.llama.config import LlamaConfig
+
+__all__ = [
+    "LlamaAttention",
+    "LlamaDecoderLayer",
+    "LlamaForCausalLM",
+    "LlamaKVCache",
+    "LlamaMLP",
+    "LlamaModel",
+    "LlamaRMSNorm",
+    "rope_inv_freq",
+]
+
+
+def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+    """Rotary inverse frequencies (head_dim / 2,), fp32 on CPU, with llama3 band scaling if configured.
+
+    Computed on CPU in fp32 like transformers does at init, so every device sees the same values."""
+    dim = config.resolved_head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / dim
+    inv_freq = 1.0 / (config.rope_theta**exponents)
+    if config.rope_type == "default":
+        return inv_freq
+    factor = config.rope_factor
+    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+    old_context = config.rope_original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths (beyond old_context / low) are slowed by `factor`, short ones (below
+    # old_context / high) kept, and the band between interpolates linearly in old_context / wavelen.
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_middle = ~(wavelen < old_context / high) & ~(wavelen > old_context / low)
+    return torch.where(is_middle, smoothed, scaled)
+
+
+class _Linear(nn.Linear):
+    """nn.Linear without the init pass at construction: random_llama and load_llama always set the
+    weights, and skipping kaiming init saves seconds for a 1B model on CPU."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class _Embedding(nn.Embedding):
+    """nn.Embedding without the init pass at construction (see _Linear)."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float, *, device=None, dtype=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # fp32 statistics, then back to the input dtype before the weight (transformers' order)
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). Kept separate so a fused kernel can replace it."""
+
+    def __init__(self, config: LlamaConfig, *, device=None, dtype=None) -> None:
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = _Linear(h, i, bias=bias, device=device, dtype=dtype)
+        self.up_proj = _Linear(h, i, bias=bias, device=device, dtype=dtype)
+        self.down_proj = _Linear(i, h, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaKVCache:
+    """Keys and values for `max_streams` independent streams, one slot each.
+
+    k, v: (num_layers, max_streams, num_kv_heads, max_seq_len, head_dim). `lengths[slot]` is how many
+    positions of the slot hold valid keys; the rest are stale and always masked."""
+
+    def __init__(self, config: LlamaConfig, *, max_streams: int, max_seq_len: int, device, dtype: torch.dtype) -> None:
+        if max_streams <= 0:
+            raise ValueError(f"max_streams must be positive, got {max_streams}")
+        if not (0 < max_seq_len <= config.max_position_embeddings):
+            raise ValueError(
+                f"max_seq_len must be in [1, {config.max_position_embeddings}] (max_position_embeddings), "
+                f"got {max_seq_len}"
+            )
+        shape = (config.num_hidden_layers, max_streams, config.num_key_value_heads, max_seq_len,
+                 config.resolved_head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_streams = max_streams
+        self.max_seq_len = max_seq_len
+        self.lengths = [0] * max_streams
+        self._in_use = [False] * max_streams
+
+    @property
+    def num_free(self) -> int:
+        return self._in_use.count(False)
+
+    def allocate(self) -> int:
+        """Take the lowest free slot (length 0); raises RuntimeError when all are in use."""
+        for slot, used in enumerate(self._in_use):
+            if not used:
+                self._in_use[slot] = True
+                self.lengths[slot] = 0
+                return slot
+        raise RuntimeError(f"all {self.max_streams} KV cache slots are in use; free one first")
+
+    def free(self, slot: int) -> None:
+        self._check_slot(slot)
+        self._in_use[slot] = False
+        self.lengths[slot] = 0
+
+    def is_allocated(self, slot: int) -> bool:
+        return 0 <= slot < self.max_streams and self._in_use[slot]
+
+    def _check_slot(self, slot: int) -> None:
+        if not self.is_allocated(slot):
+            raise ValueError(f"KV cache slot {slot} is not allocated")
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_idx: int, *, device=None, dtype=None) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.resolved_head_dim
+        self.scale = self.head_dim**-0.5
+        h, bias = config.hidden_size, config.attention_bias
+        kw = {"device": device, "dtype": dtype}
+        self.q_proj = _Linear(h, self.num_heads * self.head_dim, bias=bias, **kw)
+        self.k_proj = _Linear(h, self.num_kv_heads * self.head_dim, bias=bias, **kw)
+        self.v_proj = _Linear(h, self.num_kv_heads * self.head_dim, bias=bias, **kw)
+        self.o_proj = _Linear(self.num_heads * self.head_dim, h, bias=bias, **kw)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: LlamaKVCache,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        key_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """x (B, T, hidden); cos/sin (B, T, head_dim); slots (B,); positions (B, T); key_mask (B, T, S)
+        True where query t of row b may see cached key s. Writes this step's keys, then attends."""
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)  # (B, T, Hkv, D)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, D)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+
+        k_layer, v_layer = cache.k[self.layer_idx], cache.v[self.layer_idx]  # (slots, Hkv, S_max, D)
+        # Advanced indices split by a slice put the broadcast (B, T) dims first: targets are (B, T, Hkv, D).
+        k_layer[slots[:, None], :, positions] = k.transpose(1, 2)
+        v_layer[slots[:, None], :, positions] = v
+        num_keys = key_mask.shape[-1]
+        keys = k_layer[slots, :, :num_keys]  # (B, Hkv, S, D)
+        values = v_layer[slots, :, :num_keys]  # (B, Hkv, S, D)
+
+        # GQA without repeating keys: query head h uses kv head h // G, so group the G query heads of
+        # each kv head along the row axis.
+        groups = self.num_heads // self.num_kv_heads
+        q = q.reshape(batch, self.num_kv_heads, groups * seq, self.head_dim)  # (B, Hkv, G*T, D)
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale  # (B, Hkv, G*T, S)
+        scores = scores.view(batch, self.num_kv_heads, groups, seq, num_keys)
+        scores = scores.masked_fill(~key_mask[:, None, None], float("-inf"))
+        probs = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+        probs = probs.view(batch, self.num_kv_heads, groups * seq, num_keys)
+        out = torch.matmul(probs, values)  # (B, Hkv, G*T, D)
+        out = out.view(batch, self.num_heads, seq, self.head_dim).transpose(1, 2)  # (B, T, H, D)
+        return self.o_proj(out.reshape(batch, seq, self.num_heads * self.head_dim))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_idx: int, *, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.self_attn = LlamaAttention(config, layer_idx, **kw)
+        self.mlp = LlamaMLP(config, **kw)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+
+    def forward(self, x, cos, sin, cache, slots, positions, key_mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, slots, positions, key_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: LlamaConfig, *, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.embed_tokens = _Embedding(config.vocab_size, config.hidden_size, **kw)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, **kw) for i in range(config.num_hidden_layers))
+        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Parameters named as transformers' LlamaForCausalLM; run it through `prefill` and `decode`.
+
+    Construction leaves matrices uninitialised: build it with models.llama.weights (random_llama,
+    load_llama)."""
+
+    def __init__(self, config: LlamaConfig, *, device=None, dtype=None) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, device=device, dtype=dtype)
+        self.lm_head = _Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
+        self.tie_weights()
+        self._inv_freq_cpu = rope_inv_freq(config)
+        self._inv_freq: torch.Tensor | None = None  # on the parameters' device, made on first use
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self, *, max_streams: int, max_seq_len: int) -> LlamaKVCache:
+        return LlamaKVCache(self.config, max_streams=max_streams, max_seq_len=max_seq_len,
+                            device=self.device, dtype=self.dtype)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._inv_freq is None or self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq_cpu.to(positions.device)
+        freqs = positions.to(torch.float32)[..., None] * self._inv_freq  # (B, T, D/2), fp32 as transformers
+        angles = torch.cat((freqs, freqs), dim=-1)  # (B, T, D)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def forward(self, token_ids: torch.Tensor, cache: LlamaKVCache, slots: torch.Tensor,
+                positions: torch.Tensor, num_keys: int) -> torch.Tensor:
+        """token_ids, positions (B, T) on the model's device; slots (B,). Returns hidden states (B, T, hidden)
+        after the final norm; attends to cached keys [0, num_keys) up to each query's own position."""
+        x = self.model.embed_tokens(token_ids)
+        cos, sin = self._rope(positions, x.dtype)
+        key_idx = torch.arange(num_keys, device=positions.device)
+        key_mask = key_idx[None, None, :] <= positions[:, :, None]  # (B, T, S)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, cache, slots, positions, key_mask)
+        return self.model.norm(x)
+
+    @torch.inference_mode()
+    def prefill(self, cache: LlamaKVCache, slot: int, token_ids: torch.Tensor, *,
+                all_logits: bool = False) -> torch.Tensor:
+        """Append `token_ids` (T,) to `slot`; returns the last position's logits (V,), or (T, V) with all_logits."""
+        cache._check_slot(slot)
+        if token_ids.dim() != 1 or token_ids.numel() == 0:
+            raise ValueError(f"prefill token_ids must be a non-empty 1-D tensor, got shape {tuple(token_ids.shape)}")
+        start, count = cache.lengths[slot], token_ids.numel()
+        if start + count > cache.max_seq_len:
+            raise ValueError(
+                f"prefill of {count} tokens at position {start} exceeds the cache length {cache.max_seq_len}"
+            )
+        lowest, highest = int(token_ids.min()), int(token_ids.max())
+        if lowest < 0 or highest >= self.config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lowest}, {highest}]")
+        device = self.device
+        positions = torch.arange(start, start + count, device=device)[None]  # (1, T)
+        slots = torch.tensor([slot], device=device)
+        hidden = self.forward(token_ids.to(device)[None], cache, slots, positions, start + count)
+        cache.lengths[slot] = start + count
+        if all_logits:
+            return self.lm_head(hidden[0])
+        return self.lm_head(hidden[0, -1])
+
+    @torch.inference_mode()
+    def decode(self, cache: LlamaKVCache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor:
+        """Append one token per stream: token_ids (B,) to `slots` (B distinct); returns logits (B, V)."""
+        slots = [int(s) for s in slots]
+        if token_ids.shape != (len(slots),) or not slots:
+            raise ValueError(f"decode needs one token per slot: {len(slots)} slots, token_ids {tuple(token_ids.shape)}")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"decode slots must be distinct, got {slots}")
+        for slot in slots:
+            cache._check_slot(slot)
+            if cache.lengths[slot] >= cache.max_seq_len:
+                raise ValueError(f"KV cache slot {slot} is full ({cache.max_seq_len} positions)")
+        device = self.device
+        position_list = [cache.lengths[s] for s in slots]
+        positions = torch.tensor(position_list, device=device)[:, None]  # (B, 1)
+        slot_t = torch.tensor(slots, device=device)
+        hidden = self.forward(token_ids.to(device)[:, None], cache, slot_t, positions, max(position_list) + 1)
+        for slot in slots:
+            cache.lengths[slot] += 1
+        return self.lm_head(hidden[:, 0])

@@ -1,0 +1,234 @@
+"""Llasa TTS: a Llama decoder that writes XCodec2 speech tokens, served through SpeechModel streams.
+
+Each stream owns one KV cache slot, one torch.Generator and one XCodec2 streaming decoder. A step
+samples one token per listed stream from its pending logits, turns speech tokens into audio (one
+token = one 20 ms XCodec2 frame) and runs ONE batched Llama decode for the streams that go on.
+Imports: torch, numpy, models.{errors,sampling,streaming,llama,xcodec2,llasa.tokenizer}.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models.errors import RequestError
+from models.llama.model import LlamaForCausalLM, LlamaKVCache
+from models.llasa.tokenizer import LlasaTokenizer
+from models.sampling import SamplingParams, make_generator, sample_tokens
+from models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
+from models.xcodec2.model import XCodec2Decoder
+from models.xcodec2.streaming import XCodec2StreamDecoder
+
+__all__ = ["DEFAULT_VOICE", "LlasaModel", "StreamCapacityError"]
+
+DEFAULT_VOICE = "default"
+
+
+class StreamCapacityError(RuntimeError):
+    """open_stream was called while all max_streams streams are open."""
+
+
+@dataclass(slots=True, kw_only=True)
+class _Stream:
+    slot: int
+    params: SamplingParams
+    generator: torch.Generator
+    pending_logits: torch.Tensor  # (V,) logits of the next token
+    generated: torch.Tensor  # (max_new_tokens,) int64 on the model device; [:num_generated] are valid
+    num_generated: int
+    max_new_tokens: int
+    codec: XCodec2StreamDecoder
+
+
+class LlasaModel(SpeechModel):
+    """Llasa text-to-speech over a batched Llama KV cache and per-stream XCodec2 streaming decoders.
+
+    Args:
+        llama: the decoder (vocabulary = text + markers + speech tokens).
+        tokenizer: the matching LlasaTokenizer.
+        codec: the XCodec2 decoder (16 kHz, 320 samples per speech token).
+        model_id: a name for logs ("random:llama-tiny", a checkpoint path).
+        max_streams: streams open at once (KV cache slots).
+        max_seq_len: prompt + generated tokens per stream (Llasa was trained on 2048).
+        is_random: True for random-weight presets.
+        token_observer: called as observer(stream_id, token_id) for every sampled token (tracing, tests).
+        codec_left_context_frames, codec_lookahead_frames: XCodec2StreamDecoder options (None: its defaults).
+    """
+
+    def __init__(
+        self,
+        *,
+        llama: LlamaForCausalLM,
+        tokenizer: LlasaTokenizer,
+        codec: XCodec2Decoder,
+        model_id: str,
+        max_streams: int,
+        max_seq_len: int,
+        is_random: bool = False,
+        token_observer: Callable[[int, int], None] | None = None,
+        codec_left_context_frames: int | None = None,
+        codec_lookahead_frames: int | None = None,
+    ) -> None:
+        vocab_size = llama.config.vocab_size
+        last_speech_id = tokenizer.speech_offset + tokenizer.num_speech_tokens - 1
+        if max(last_speech_id, tokenizer.speech_end_id) >= vocab_size:
+            raise ValueError(
+                f"the tokenizer's speech tokens (up to id {last_speech_id}) and end token "
+                f"({tokenizer.speech_end_id}) must lie inside the model's vocabulary of {vocab_size}"
+            )
+        if tokenizer.num_speech_tokens > codec.config.codebook_size:
+            raise ValueError(
+                f"the tokenizer has {tokenizer.num_speech_tokens} speech tokens but the XCodec2 code book only "
+                f"{codec.config.codebook_size} codes"
+            )
+        if codec.device != llama.device:
+            raise ValueError(f"llama ({llama.device}) and codec ({codec.device}) must share a device")
+        self.llama = llama
+        self.tokenizer = tokenizer
+        self.codec = codec
+        self.model_id = model_id
+        self.device = llama.device
+        self.sample_rate_hz = codec.sample_rate_hz
+        self.frame_rate_hz = codec.sample_rate_hz / codec.hop_samples
+        self.max_streams = max_streams
+        self.max_seq_len = max_seq_len
+        self._is_random = is_random
+        self.token_observer = token_observer
+        self._codec_options = {"left_context_frames": codec_left_context_frames,
+                               "lookahead_frames": codec_lookahead_frames}
+        self._cache: LlamaKVCache = llama.new_cache(max_streams=max_streams, max_seq_len=max_seq_len)
+        self._streams: dict[int, _Stream] = {}
+        self._next_id = itertools.count(1)
+        # Llasa only ever answers with speech tokens then <|SPEECH_GENERATION_END|>, but nothing in the
+        # network forbids other ids (text, markers). A text token here has no audio meaning, so every
+        # logit outside the speech tokens and the end token is set to -inf before sampling: the
+        # sampled distribution is the model's, renormalised over the tokens a TTS answer may contain.
+        allowed = torch.full((vocab_size,), float("-inf"), dtype=torch.float32, device=self.device)
+        allowed[tokenizer.speech_offset : last_speech_id + 1] = 0.0
+        allowed[tokenizer.speech_end_id] = 0.0
+        self._logit_mask = allowed
+
+    # ---- SpeechModel interface -------------------------------------------------------------
+
+    @property
+    def is_random(self) -> bool:
+        return self._is_random
+
+    @property
+    def open_stream_ids(self) -> tuple[int, ...]:
+        return tuple(self._streams)
+
+    def voices(self) -> tuple[VoiceInfo, ...]:
+        return (VoiceInfo(name=DEFAULT_VOICE, languages=("zh", "en"),
+                          description="Llasa's single voice: a text-only prompt, no speaker conditioning"),)
+
+    def validate(self, request: SynthesisRequest) -> None:
+        self._prompt_ids(request)
+
+    def _prompt_ids(self, request: SynthesisRequest) -> list[int]:
+        if request.voice not in (None, DEFAULT_VOICE):
+            raise RequestError(f"voice {request.voice!r} is unknown; Llasa has one voice, {DEFAULT_VOICE!r}")
+        if request.language is not None:
+            raise RequestError(
+                f"language {request.language!r}: Llasa takes the language from the text; leave language unset"
+            )
+        if request.instructions is not None:
+            raise RequestError("instructions: Llasa has no voice-design control; leave instructions unset")
+        if request.voice_prompt is not None:
+            raise RequestError("voice_prompt: voice cloning is not supported by this Llasa model")
+        prompt_ids = self.tokenizer.prompt_ids(request.text)
+        if len(prompt_ids) >= self.max_seq_len:
+            raise RequestError(
+                f"text is too long: its prompt is {len(prompt_ids)} tokens and the context holds {self.max_seq_len} "
+                f"(prompt plus at least one speech token)"
+            )
+        return prompt_ids
+
+    def open_stream(self, request: SynthesisRequest) -> int:
+        prompt_ids = self._prompt_ids(request)
+        if len(self._streams) >= self.max_streams:
+            raise StreamCapacityError(
+                f"all {self.max_streams} streams are open (max_streams); close or finish one before opening another"
+            )
+        max_frames = max(1, math.floor(request.max_duration_s * self.frame_rate_hz + 1e-9))
+        # prompt + generated tokens stay within max_seq_len, as transformers' max_length would.
+        max_new_tokens = min(request.sampling.max_new_tokens, max_frames, self.max_seq_len - len(prompt_ids))
+        slot = self._cache.allocate()
+        try:
+            prompt = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
+            logits = self.llama.prefill(self._cache, slot, prompt)
+        except BaseException:
+            self._cache.free(slot)
+            raise
+        stream_id = next(self._next_id)
+        self._streams[stream_id] = _Stream(
+            slot=slot,
+            params=request.sampling,
+            generator=make_generator(request.seed, self.device),
+            pending_logits=logits,
+            generated=torch.empty(max_new_tokens, dtype=torch.long, device=self.device),
+            num_generated=0,
+            max_new_tokens=max_new_tokens,
+            codec=XCodec2StreamDecoder(self.codec, **self._codec_options),
+        )
+        return stream_id
+
+    def step(self, stream_ids: Sequence[int]) -> list[AudioChunk]:
+        ids = list(stream_ids)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"stream ids must be distinct, got {ids}")
+        unknown = [i for i in ids if i not in self._streams]
+        if unknown:
+            raise ValueError(f"stream id(s) {unknown} are not open")
+        if not ids:
+            return []
+        streams = [self._streams[i] for i in ids]
+        logits = torch.stack([s.pending_logits for s in streams]).float() + self._logit_mask  # (B, V)
+        tokens = sample_tokens(
+            logits,
+            [s.params for s in streams],
+            [s.generator for s in streams],
+            [s.generated[: s.num_generated] for s in streams],
+            stop_token_ids=(self.tokenizer.speech_end_id,),
+        )  # (B,)
+        token_list = tokens.tolist()
+        chunks: list[AudioChunk] = []
+        going_on: list[int] = []  # batch rows that continue to the decode below
+        for row, (stream_id, stream, token) in enumerate(zip(ids, streams, token_list)):
+            if self.token_observer is not None:
+                self.token_observer(stream_id, token)
+            if token == self.tokenizer.speech_end_id:
+                chunks.append(AudioChunk(stream_id, stream.codec.flush(), 0, FinishReason.STOP))
+                self._release(stream_id)
+                continue
+            stream.generated[stream.num_generated] = tokens[row]
+            stream.num_generated += 1
+            samples = stream.codec.push(tokens[row : row + 1] - self.tokenizer.speech_offset)
+            if stream.num_generated >= stream.max_new_tokens:
+                samples = np.concatenate([samples, stream.codec.flush()])
+                chunks.append(AudioChunk(stream_id, samples, 1, FinishReason.LENGTH))
+                self._release(stream_id)
+                continue
+            chunks.append(AudioChunk(stream_id, samples, 1))
+            going_on.append(row)
+        if going_on:
+            slots = [streams[row].slot for row in going_on]
+            next_logits = self.llama.decode(self._cache, slots, tokens[going_on])  # (B', V), one batched call
+            for out_row, row in enumerate(going_on):
+                streams[row].pending_logits = next_logits[out_row]
+        return chunks
+
+    def close(self, stream_id: int) -> bool:
+        if stream_id not in self._streams:
+            return False
+        self._release(stream_id)
+        return True
+
+    def _release(self, stream_id: int) -> None:
+        stream = self._streams.pop(stream_id)
+        self._cache.free(stream.slot)

@@ -1,0 +1,522 @@
+"""Qwen3-TTS 12 Hz codec decoder with exact incremental (streaming) decoding.
+
+`forward` is the plain full decode (zero-padded causal convs, causal sliding-window attention
+over the whole utterance), equal to the official `decoder(codes)`. `decode_incremental` keeps
+per-layer state (causal-conv input tails, transposed-conv overlaps, the last window-1 frames of
+keys/values per attention layer, per-row positions), so decoding any split of an utterance into
+pieces yields the same samples as one `forward` (up to float rounding). Parameter names match
+the official checkpoint (`decoder.*` in speech_tokenizer/model.safetensors). Imports: torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.qwen3_tts.speech_tokenizer.config import SpeechDecoderConfig
+
+__all__ = ["DecoderState", "SpeechTokenizerDecoder"]
+
+
+@dataclass(slots=True)
+class DecoderState:
+    """Streaming state of a batch of utterances; every tensor has the batch on dim 0, so states
+    of separate streams can be merged with `cat` and split with `select`. `decode_incremental`
+    updates the tensors in place (fixed shapes, no host sync), so a step can be CUDA-graph captured.
+
+    conv_tails[i]: the last (kernel-1)*dilation inputs of causal conv i (zeros = the causal padding).
+    trans_overlaps[i]: transposed conv i's partial sums (without bias) that spill past the emitted samples.
+    keys[l] / values[l]: (B, H_kv, window-1, D) keys (after RoPE) and values of the previous frames,
+        oldest first; slots of frames before the utterance start are masked by position.
+    positions: (B,) long, frames decoded so far (= RoPE position of the next frame).
+    """
+
+    conv_tails: list[torch.Tensor]
+    trans_overlaps: list[torch.Tensor]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    positions: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.positions.shape[0])
+
+    def _map(self, fn) -> "DecoderState":
+        return DecoderState(
+            conv_tails=[fn(t) for t in self.conv_tails],
+            trans_overlaps=[fn(t) for t in self.trans_overlaps],
+            keys=[fn(t) for t in self.keys],
+            values=[fn(t) for t in self.values],
+            positions=fn(self.positions),
+        )
+
+    def select(self, rows: Sequence[int] | torch.Tensor) -> "DecoderState":
+        """The state of a subset of rows (a copy)."""
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.positions.device)
+        return self._map(lambda t: t.index_select(0, index))
+
+    @staticmethod
+    def cat(states: Sequence["DecoderState"]) -> "DecoderState":
+        """Stack states of separate batches (e.g. independent streams) along the batch."""
+        if not states:
+            raise ValueError("cat needs at least one DecoderState")
+        first = states[0]
+        return DecoderState(
+            conv_tails=[torch.cat([s.conv_tails[i] for s in states]) for i in range(len(first.conv_tails))],
+            trans_overlaps=[torch.cat([s.trans_overlaps[i] for s in states]) for i in range(len(first.trans_overlaps))],
+            keys=[torch.cat([s.keys[i] for s in states]) for i in range(len(first.keys))],
+            values=[torch.cat([s.values[i] for s in states]) for i in range(len(first.values))],
+            positions=torch.cat([s.positions for s in states]),
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Stateful building blocks. Each has `forward(x)` (whole sequence) and `step(x, state)`.
+
+
+class CausalConv1d(nn.Module):
+    """Conv1d (stride 1) with (kernel-1)*dilation zeros on the left, so output t sees inputs <= t."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
+        self.context = (kernel_size - 1) * dilation  # inputs of the past each output needs
+        self.slot = -1  # index into DecoderState.conv_tails, set by the decoder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, T) -> (B, C', T)
+        return self.conv(F.pad(x, (self.context, 0)))
+
+    def init_tail(self, batch_size: int, device, dtype) -> torch.Tensor:
+        return torch.zeros(batch_size, self.conv.in_channels, self.context, device=device, dtype=dtype)
+
+    def step(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        if self.context == 0:
+            return self.conv(x)
+        full = torch.cat([state.conv_tails[self.slot], x], dim=-1)  # (B, C, context + n)
+        state.conv_tails[self.slot].copy_(full[..., -self.context :])
+        return self.conv(full)
+
+
+class CausalConvTranspose1d(nn.Module):
+    """ConvTranspose1d(k, stride s) with the last k-s outputs dropped: n inputs -> n*s outputs."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
+        self.stride = stride
+        self.overlap = kernel_size - stride  # outputs of frame t that land in frame t+1's span
+        self.slot = -1  # index into DecoderState.trans_overlaps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y[..., : y.shape[-1] - self.overlap] if self.overlap > 0 else y
+
+    def init_overlap(self, batch_size: int, device, dtype) -> torch.Tensor:
+        return torch.zeros(batch_size, self.conv.out_channels, self.overlap, device=device, dtype=dtype)
+
+    def step(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        num_out = x.shape[-1] * self.stride
+        if self.overlap == 0:
+            return self.conv(x)
+        # Without bias, so that carried partial sums get the bias exactly once when emitted.
+        y = F.conv_transpose1d(x, self.conv.weight, None, stride=self.stride)  # (B, C', n*s + overlap)
+        y = torch.cat([y[..., : self.overlap] + state.trans_overlaps[self.slot], y[..., self.overlap :]], dim=-1)
+        state.trans_overlaps[self.slot].copy_(y[..., num_out:])
+        out = y[..., :num_out]
+        return out + self.conv.bias[:, None] if self.conv.bias is not None else out
+
+
+class SnakeBeta(nn.Module):
+    """y = x + sin(x * e^alpha)^2 / (e^beta + 1e-9), alpha and beta stored in log space per channel."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, T)
+        alpha = torch.exp(self.alpha)[None, :, None]
+        beta = torch.exp(self.beta)[None, :, None]
+        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+    def step(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        return self.forward(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# Residual vector quantizer (decode side only).
+
+
+class Codebook(nn.Module):
+    """EMA-style codebook storage: the table is embedding_sum / max(cluster_usage, 1e-5)."""
+
+    def __init__(self, codebook_size: int, dim: int):
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(codebook_size))
+        self.embedding_sum = nn.Parameter(torch.zeros(codebook_size, dim))
+
+    def table(self) -> torch.Tensor:
+        return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+
+
+class VectorQuantizer(nn.Module):
+    def __init__(self, codebook_size: int, dim: int):
+        super().__init__()
+        self._codebook = Codebook(codebook_size, dim)
+
+
+class ResidualQuantizer(nn.Module):
+    """A group of codebooks whose lookups are summed, then projected by a 1x1 conv."""
+
+    def __init__(self, num_quantizers: int, codebook_size: int, dim: int, io_dim: int):
+        super().__init__()
+        # input_proj belongs to the encode side; the checkpoint ships it, decoding never uses it.
+        self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
+        self.vq = nn.Module()
+        self.vq.layers = nn.ModuleList(VectorQuantizer(codebook_size, dim) for _ in range(num_quantizers))
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:  # (B, K, T) -> (B, io_dim, T)
+        total = None
+        for book_idx, layer in enumerate(self.vq.layers):
+            looked_up = F.embedding(codes[:, book_idx], layer._codebook.table())  # (B, T, dim)
+            total = looked_up if total is None else total + looked_up
+        return self.output_proj(total.transpose(1, 2))
+
+
+class SplitResidualQuantizer(nn.Module):
+    """Book 0 ("semantic") and books 1.. ("acoustic") are projected separately and added."""
+
+    def __init__(self, config: SpeechDecoderConfig):
+        super().__init__()
+        dim = config.codebook_dim // 2
+        self.rvq_first = ResidualQuantizer(1, config.codebook_size, dim, config.codebook_dim)
+        self.rvq_rest = ResidualQuantizer(config.num_quantizers - 1, config.codebook_size, dim, config.codebook_dim)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:  # (B, Q, T) -> (B, codebook_dim, T)
+        return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
+
+
+# ----------------------------------------------------------------------------------------------
+# Sliding-window transformer.
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and multiply by the weight in the input dtype, as the official code does.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: SpeechDecoderConfig):
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = d
+        self.window = config.sliding_window
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=config.attention_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.attention_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.attention_bias)
+        self.slot = -1  # index into DecoderState.keys / values
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, n, D)
+        k = self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, n, D)
+        v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, n, D)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    def _attend(self, q, k, v, allowed: torch.Tensor) -> torch.Tensor:
+        """q (B, H, n, D), k/v (B, Hkv, m, D), allowed (B, n, m) bool -> (B, n, H*D)."""
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(q, k.transpose(2, 3)) * self.head_dim**-0.5  # (B, H, n, m)
+        scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs, v)  # (B, H, n, D)
+        b, _, n, _ = out.shape
+        return out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._qkv(x, cos, sin)
+        n = x.shape[1]
+        idx = torch.arange(n, device=x.device)
+        delta = idx[:, None] - idx[None, :]  # query pos - key pos
+        allowed = ((delta >= 0) & (delta < self.window))[None].expand(x.shape[0], n, n)
+        return self.o_proj(self._attend(q, k, v, allowed))
+
+    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        q, k_new, v_new = self._qkv(x, cos, sin)
+        n = x.shape[1]
+        past = self.window - 1
+        k = torch.cat([state.keys[self.slot], k_new], dim=2)  # (B, Hkv, past + n, D)
+        v = torch.cat([state.values[self.slot], v_new], dim=2)
+        # Absolute positions: cached slot j holds frame start - past + j; new frame i is start + i.
+        start = state.positions[:, None, None]  # (B, 1, 1)
+        q_pos = start + torch.arange(n, device=x.device)[None, :, None]  # (B, n, 1)
+        k_pos = start - past + torch.arange(past + n, device=x.device)[None, None, :]  # (B, 1, m)
+        delta = q_pos - k_pos
+        allowed = (delta >= 0) & (delta < self.window) & (k_pos >= 0)
+        if past > 0:
+            state.keys[self.slot].copy_(k[:, :, -past:])
+            state.values[self.slot].copy_(v[:, :, -past:])
+        return self.o_proj(self._attend(q, k, v, allowed))
+
+
+class Mlp(nn.Module):
+    def __init__(self, config: SpeechDecoderConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, config: SpeechDecoderConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = Mlp(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
+        self.mlp_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
+
+    def forward(self, x, cos, sin, state: DecoderState | None = None):
+        normed = self.input_layernorm(x)
+        attn = self.self_attn(normed, cos, sin) if state is None else self.self_attn.step(normed, cos, sin, state)
+        x = x + self.self_attn_layer_scale(attn)
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: SpeechDecoderConfig):
+        super().__init__()
+        self.input_proj = nn.Linear(config.latent_dim, config.hidden_size)
+        self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
+        d = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        """positions (B, n) long -> cos, sin (B, n, D), computed in fp32 then cast (as official)."""
+        freqs = positions.float()[..., None] * self.inv_freq.float()[None, None, :]  # (B, n, D/2)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(self, x: torch.Tensor, state: DecoderState | None = None) -> torch.Tensor:  # (B, n, latent)
+        b, n, _ = x.shape
+        offsets = torch.arange(n, device=x.device)[None, :]
+        positions = offsets.expand(b, n) if state is None else state.positions[:, None] + offsets
+        x = self.input_proj(x)
+        cos, sin = self._rope(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, state)
+        return self.output_proj(self.norm(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# Upsamplers and the SnakeBeta decoder.
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, kernel_size=7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def _pointwise(self, residual: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        h = h.transpose(1, 2)  # (B, T, C)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return residual + (self.gamma * h).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._pointwise(x, self.dwconv(x))
+
+    def step(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        return self._pointwise(x, self.dwconv.step(x, state))
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, kernel_size=7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+
+    def step(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        h = self.conv1.step(self.act1(x), state)
+        return x + self.conv2.step(self.act2(h), state)
+
+
+class DecoderBlock(nn.Module):
+    """SnakeBeta -> causal transposed conv (x rate, halves channels) -> residual units (dilations 1, 3, 9)."""
+
+    def __init__(self, in_dim: int, rate: int):
+        super().__init__()
+        out_dim = in_dim // 2
+        self.block = nn.ModuleList(
+            [SnakeBeta(in_dim), CausalConvTranspose1d(in_dim, out_dim, 2 * rate, rate)]
+            + [ResidualUnit(out_dim, dilation) for dilation in (1, 3, 9)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for module in self.block:
+            x = module(x)
+        return x
+
+    def step(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        for module in self.block:
+            x = module.step(x, state)
+        return x
+
+
+class SpeechTokenizerDecoder(nn.Module):
+    """Codes (B, Q, T) -> waveform (B, T * samples_per_frame) in [-1, 1]."""
+
+    def __init__(self, config: SpeechDecoderConfig):
+        super().__init__()
+        self.config = config
+        self.samples_per_frame = config.samples_per_frame
+        self.quantizer = SplitResidualQuantizer(config)
+        self.pre_conv = CausalConv1d(config.codebook_dim, config.latent_dim, kernel_size=3)
+        self.pre_transformer = Transformer(config)
+        latent = config.latent_dim
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalConvTranspose1d(latent, latent, r, r), ConvNeXtBlock(latent)])
+            for r in config.upsampling_ratios
+        )
+        blocks: list[nn.Module] = [CausalConv1d(config.latent_dim, config.decoder_dim, kernel_size=7)]
+        blocks += [DecoderBlock(config.decoder_dim // 2**i, rate) for i, rate in enumerate(config.upsample_rates)]
+        blocks += [SnakeBeta(config.output_dim), CausalConv1d(config.output_dim, 1, kernel_size=7)]
+        self.decoder = nn.ModuleList(blocks)
+        # Number the stateful modules; module registration order is also execution order.
+        self._convs = [m for m in self.modules() if isinstance(m, CausalConv1d) and m.context > 0]
+        self._trans = [m for m in self.modules() if isinstance(m, CausalConvTranspose1d) and m.overlap > 0]
+        self._attns = [m for m in self.modules() if isinstance(m, Attention)]
+        for group in (self._convs, self._trans, self._attns):
+            for slot, module in enumerate(group):
+                module.slot = slot
+
+    def _check_codes(self, codes: torch.Tensor) -> None:
+        if codes.dim() != 3 or codes.shape[1] != self.config.num_quantizers:
+            raise ValueError(
+                f"codes must be (B, {self.config.num_quantizers}, T), got {tuple(codes.shape)}"
+            )
+        if codes.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        """Full decode of (B, Q, T) codes -> (B, T * samples_per_frame), no chunking."""
+        self._check_codes(codes)
+        h = self.pre_conv(self.quantizer.decode(codes))  # (B, latent, T)
+        h = self.pre_transformer(h.transpose(1, 2)).transpose(1, 2)  # (B, latent, T)
+        for trans, convnext in self.upsample:
+            h = convnext(trans(h))
+        for module in self.decoder:
+            h = module(h)
+        return h.clamp(-1.0, 1.0)[:, 0]
+
+    def new_state(self, batch_size: int) -> DecoderState:
+        """Fresh state for `batch_size` utterances (on the decoder's device and dtype)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        param = self.pre_conv.conv.weight
+        device, dtype = param.device, param.dtype
+        cfg = self.config
+        past = cfg.sliding_window - 1
+        kv_shape = (batch_size, cfg.num_key_value_heads, past, cfg.head_dim)
+        return DecoderState(
+            conv_tails=[m.init_tail(batch_size, device, dtype) for m in self._convs],
+            trans_overlaps=[m.init_overlap(batch_size, device, dtype) for m in self._trans],
+            keys=[torch.zeros(kv_shape, device=device, dtype=dtype) for _ in self._attns],
+            values=[torch.zeros(kv_shape, device=device, dtype=dtype) for _ in self._attns],
+            positions=torch.zeros(batch_size, dtype=torch.long, device=device),
+        )
+
+    def decode_incremental(self, codes: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        """Decode the next n >= 1 frames (B, Q, n) of each row, updating `state` in place;
+        returns (B, n * samples_per_frame), the samples a full decode has at those frames."""
+        self._check_codes(codes)
+        if codes.shape[-1] < 1:
+            raise ValueError("decode_incremental needs at least one frame")
+        if codes.shape[0] != state.batch_size:
+            raise ValueError(f"codes batch {codes.shape[0]} != state batch {state.batch_size}")
+        h = self.pre_conv.step(self.quantizer.decode(codes), state)
+        h = self.pre_transformer(h.transpose(1, 2), state).transpose(1, 2)
+        for trans, convnext in self.upsample:
+            h = convnext.step(trans.step(h, state), state)
+        for module in self.decoder:
+            h = module.step(h, state)
+        state.positions.add_(codes.shape[-1])
+        return h.clamp(-1.0, 1.0)[:, 0]
+
+    def chunked_decode(self, codes: torch.Tensor, chunk: int = 300, left_context: int = 25) -> torch.Tensor:
+        """The official long-audio decode: `chunk`-frame pieces, each re-decoding up to
+        `left_context` earlier frames whose audio is dropped."""
+        self._check_codes(codes)
+        if chunk < 1 or left_context < 0:
+            raise ValueError(f"chunk must be >= 1 and left_context >= 0, got {chunk}, {left_context}")
+        pieces = []
+        start, total = 0, codes.shape[-1]
+        while start < total:
+            end = min(start + chunk, total)
+            # Official rule: full context only when strictly more than left_context frames precede.
+            context = left_context if start - left_context > 0 else start
+            wav = self.forward(codes[..., start - context : end])
+            pieces.append(wav[..., context * self.samples_per_frame :])
+            start = end
+        return torch.cat(pieces, dim=-1)
+
+    def decode_padded(self, codes: torch.Tensor) -> list[torch.Tensor]:
+        """The official `decode()` of a batch right-padded with -1: each row's length is its count
+        of codes >= 0 in book 0; pads become 0, the batch is `chunked_decode`d together and each
+        row is cut to length * samples_per_frame. Returns one (S_i,) waveform per row."""
+        self._check_codes(codes)
+        lengths = (codes[:, 0] > -1).sum(dim=1) * self.samples_per_frame  # (B,)
+        wav = self.chunked_decode(codes.clamp(min=0))
+        return [row[:length] for row, length in zip(wav, lengths.tolist())]
+

@@ -1,0 +1,152 @@
+"""The `tilevox` command line: one subcommand per job (`synth` now; `serve`, `build`, `bench` as they land).
+
+Parsing happens here only; each subcommand builds frozen config objects and calls into the
+library. User mistakes end with a one-line `tilevox: error: ...` message and exit code 2,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+log = logging.getLogger("tilevox")
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit code 2."""
+
+
+def _add_synth(subparsers) -> None:
+    p = subparsers.add_parser("synth", help="synthesize one utterance to a WAV file")
+    p.add_argument("--model", required=True, help="checkpoint directory or random:<preset> (e.g. random:llama-tiny)")
+    p.add_argument("--text", required=True, help="text to speak")
+    p.add_argument("--out", required=True, type=Path, help="output .wav path")
+    p.add_argument("--voice", default=None, help="speaker/voice name (see the model's voices)")
+    p.add_argument("--language", default=None, help="language (models that support it)")
+    p.add_argument("--instructions", default=None, help="voice description (voice-design models)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy; default: the model's")
+    p.add_argument("--max-duration", type=float, default=30.0, help="seconds of audio at most")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
+    p.set_defaults(handler=_run_synth)
+
+
+def _run_synth(args: argparse.Namespace) -> int:
+    import soundfile
+
+    from models.registry import load_model, parse_dtype
+    from models.sampling import SamplingParams
+    from models.streaming import SynthesisRequest, synthesize
+
+    dtype = parse_dtype(args.dtype or ("bf16" if args.device == "cuda" else "fp32"))
+    if not args.text.strip():
+        raise CommandError("--text is empty")
+    if args.out.suffix.lower() != ".wav":
+        raise CommandError(f"--out must end in .wav, got {args.out}")
+    if not args.out.parent.exists():
+        raise CommandError(f"--out directory {args.out.parent} does not exist")
+    sampling = SamplingParams() if args.temperature is None else SamplingParams(temperature=args.temperature)
+    request = SynthesisRequest(
+        text=args.text,
+        voice=args.voice,
+        language=args.language,
+        instructions=args.instructions,
+        sampling=sampling,
+        seed=args.seed,
+        max_duration_s=args.max_duration,
+    )
+    model = load_model(args.model, device=args.device, dtype=dtype)
+    if model.is_random:
+        print(f"warning: {args.model} has random weights: the audio is noise", file=sys.stderr)
+    model.validate(request)
+    result = synthesize(model, request)
+    soundfile.write(str(args.out), result.samples, result.sample_rate_hz, subtype="PCM_16")
+    print(
+        f"wrote {args.out}: {result.duration_s:.2f} s at {result.sample_rate_hz} Hz, {result.num_frames} frames "
+        f"({result.finish_reason.value}); time to first audio {result.time_to_first_audio_s * 1e3:.1f} ms; "
+        f"real-time factor {result.real_time_factor:.3f}"
+    )
+    return 0
+
+
+def _add_serve(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="serve the OpenAI HTTP, Riva gRPC and WebSocket APIs")
+    p.add_argument("--model", default=None, help="checkpoint directory or random:<preset>; default: random:llama-tiny on CPU")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP and WebSocket port")
+    p.add_argument("--grpc-port", type=int, default=50051, help="Riva gRPC port")
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if visible, else cpu")
+    p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
+    p.add_argument("--max-streams", type=int, default=None, help="concurrent streams (default: the model's limit, at most 32)")
+    p.add_argument("--max-queued", type=int, default=None, help="streams waiting for a slot before 429 (default: max-streams)")
+    p.add_argument("--api-key", default=None, help="require this key (default: $TILEVOX_API_KEY; unset = no auth)")
+    p.add_argument("--max-text-chars", type=int, default=4096)
+    p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds a WebSocket/gRPC stream may stay silent")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds active streams get to finish after SIGTERM")
+    p.set_defaults(handler=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import os
+
+    import torch
+
+    from models.registry import load_model, parse_dtype
+    from server.app import serve
+    from server.config import DEFAULT_MODEL, ServerConfig
+    from server.logs import configure_logging
+
+    configure_logging(logging.INFO)
+    if args.model is None:
+        print(f"tilevox: no --model given: serving {DEFAULT_MODEL} (random weights, noise) on CPU", file=sys.stderr)
+        model_spec, device = DEFAULT_MODEL, args.device or "cpu"
+    else:
+        model_spec, device = args.model, args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    model = load_model(model_spec, device=device, dtype=parse_dtype(dtype_name))
+    if model.is_random:
+        print(f"warning: {model_spec} has random weights: the audio is noise", file=sys.stderr)
+    max_streams = args.max_streams or min(model.max_streams, 32)
+    config = ServerConfig(
+        model=model_spec, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, device=device,
+        dtype=dtype_name, max_streams=max_streams,
+        max_queued=max_streams if args.max_queued is None else args.max_queued,
+        api_key=args.api_key or os.environ.get("TILEVOX_API_KEY") or None,
+        max_text_chars=args.max_text_chars, idle_timeout_s=args.idle_timeout, drain_timeout_s=args.drain_timeout,
+    )
+    print(f"tilevox: serving {model.model_id} ({model.sample_rate_hz} Hz) on http://{args.host}:{args.http_port} "
+          f"and grpc {args.host}:{args.grpc_port}", file=sys.stderr)
+    serve(config, model)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tilevox", description="Streaming text-to-speech for Hopper GPUs")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_synth(subparsers)
+    _add_serve(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.handler(args)
+    except (CommandError, ValueError, RuntimeError, OSError) as exc:
+        # ValueError/RuntimeError/OSError cover bad requests, unknown models and unreadable checkpoints;
+        # programming errors (TypeError, AttributeError, ...) still show a traceback.
+        print(f"tilevox: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""XCodec2StreamDecoder: bounded error vs full decode, push-split independence, exact trimming."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.xcodec2 import XCodec2Config, XCodec2StreamDecoder, random_xcodec2_decoder
+from models.xcodec2.streaming import STREAM_MAX_LSD_DB, STREAM_MIN_SNR_DB, measure_stream_error
+
+TINY = XCodec2Config.preset("tiny")
+PUSH_SIZES = (1, 4, 7, 2, 5, 3, 6)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_xcodec2_decoder(TINY, seed=0)
+
+
+def _codes(num_frames: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, TINY.codebook_size, (num_frames,), generator=torch.Generator().manual_seed(seed))
+
+
+def _stream(model, codes, push_sizes, **kwargs) -> tuple[np.ndarray, list[int]]:
+    stream = XCodec2StreamDecoder(model, **kwargs)
+    pieces, pos, idx = [], 0, 0
+    while pos < codes.numel():
+        size = push_sizes[idx % len(push_sizes)]
+        pieces.append(stream.push(codes[pos : pos + size]))
+        # Emitted audio is whole frames, never ahead of what the lookahead allows.
+        assert stream.num_emitted_frames * TINY.hop_samples == sum(p.size for p in pieces)
+        assert stream.num_emitted_frames <= max(0, stream.num_frames - stream.lookahead_frames)
+        pos, idx = pos + size, idx + 1
+    pieces.append(stream.flush())
+    assert all(p.dtype == np.float32 for p in pieces)
+    return np.concatenate(pieces), [p.size for p in pieces]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_stream_error_within_stated_bound(model, seed):
+    error = measure_stream_error(model, _codes(317, seed), PUSH_SIZES)
+    assert error.snr_db >= STREAM_MIN_SNR_DB, error
+    assert error.lsd_db <= STREAM_MAX_LSD_DB, error
+
+
+def test_audio_does_not_depend_on_push_split(model):
+    codes = _codes(131, 7)
+    varied, sizes = _stream(model, codes, PUSH_SIZES)
+    whole, _ = _stream(model, codes, (131,))
+    one_by_one, _ = _stream(model, codes, (1,))
+    assert varied.size == 131 * TINY.hop_samples
+    np.testing.assert_array_equal(varied, whole)
+    np.testing.assert_array_equal(varied, one_by_one)
+    assert any(size == 0 for size in sizes)  # early pushes wait for lookahead
+
+
+@pytest.mark.parametrize("num_frames", [1, 9, 40])
+def test_unbounded_context_equals_full_decode(model, num_frames):
+    """With context and lookahead spanning the utterance every window is the whole utterance."""
+    codes = _codes(num_frames, num_frames)
+    streamed, _ = _stream(model, codes, (3,), left_context_frames=num_frames, lookahead_frames=num_frames)
+    with torch.inference_mode():
+        full = model(codes.unsqueeze(0))[0].numpy()
+    np.testing.assert_allclose(streamed, full, rtol=0, atol=1e-5)
+
+
+def test_block_matches_its_window_decode(model):
+    """Each emitted block is exactly the trimmed decode of its window."""
+    codes = _codes(60, 11)
+    left, ahead, chunk = 12, 3, 4
+    streamed, _ = _stream(
+        model, codes, PUSH_SIZES, left_context_frames=left, lookahead_frames=ahead, chunk_frames=chunk
+    )
+    hop = TINY.hop_samples
+    with torch.inference_mode():
+        for start in (0, 8, 28):  # blocks with no, partial and full left context
+            window_start = max(0, start - left)
+            window = model(codes[window_start : start + chunk + ahead].unsqueeze(0))[0].numpy()
+            expected = window[(start - window_start) * hop : (start - window_start + chunk) * hop]
+            np.testing.assert_array_equal(streamed[start * hop : (start + chunk) * hop], expected)
+
+
+def test_empty_push_flush_and_errors(model):
+    stream = XCodec2StreamDecoder(model)
+    assert stream.push(torch.zeros(0, dtype=torch.long)).size == 0
+    assert stream.flush().size == 0
+    with pytest.raises(ValueError, match="push after flush"):
+        stream.push(torch.zeros(1, dtype=torch.long))
+    with pytest.raises(ValueError, match="flush called twice"):
+        stream.flush()
+    fresh = XCodec2StreamDecoder(model)
+    with pytest.raises(ValueError, match="1-D int64"):
+        fresh.push(torch.zeros(1, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"codes must lie in \[0, 65536\)"):
+        fresh.push(torch.tensor([65536]))
+    with pytest.raises(ValueError, match="lookahead_frames must be >= 0"):
+        XCodec2StreamDecoder(model, lookahead_frames=-1)
+    with pytest.raises(ValueError, match="chunk_frames must be >= 1"):
+        XCodec2StreamDecoder(model, chunk_frames=0)
+
+
+def test_latency_and_memory_bound(model):
+    stream = XCodec2StreamDecoder(model)
+    assert stream.latency_ms == pytest.approx((5 - 1 + 8) * 20.0)
+    stream.push(_codes(200, 5))
+    # Only codes a later window can reach are kept.
+    kept_frames = stream.num_frames - stream._buffer_start
+    assert kept_frames <= stream.left_context_frames + stream.chunk_frames + stream.lookahead_frames

@@ -1,0 +1,55 @@
+"""`tilevox synth`: writes a WAV for a tiny preset; bad input gives one line and a non-zero exit."""
+
+import subprocess
+import sys
+
+import pytest
+import soundfile
+
+from server.cli import main
+
+
+@pytest.mark.parametrize("preset,rate", [("llama-tiny", 16000), ("qwen3-tts-tiny", 24000)])
+def test_synth_writes_wav(tmp_path, capsys, preset, rate):
+    out = tmp_path / "x.wav"
+    code = main(["synth", "--model", f"random:{preset}", "--text", "Hello there", "--out", str(out),
+                 "--max-duration", "1.0"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "random weights" in captured.err
+    assert "time to first audio" in captured.out and "real-time factor" in captured.out
+    audio, sample_rate = soundfile.read(out)
+    assert sample_rate == rate and audio.size > 0
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "random:llama-tiny", "--text", "  "], "text"),
+        (["--model", "random:no-such-model", "--text", "hi"], "unknown preset"),
+        (["--model", "/nonexistent/dir", "--text", "hi"], "unknown model"),
+        (["--model", "random:llama-tiny", "--text", "hi", "--voice", "nobody"], "voice"),
+    ],
+)
+def test_synth_bad_input_is_one_line(tmp_path, args, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "server.cli", "synth", *args, "--out", str(tmp_path / "x.wav")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line and not line.startswith("warning:")]
+    assert len(lines) == 1 and lines[0].startswith("tilevox: error:") and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_synth_unreadable_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"model_type": "llama"}')
+    proc = subprocess.run(
+        [sys.executable, "-m", "server.cli", "synth", "--model", str(ckpt), "--text", "hi", "--out",
+         str(tmp_path / "x.wav")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("tilevox: error:") and len(proc.stderr.strip().splitlines()) == 1
