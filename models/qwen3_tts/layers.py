@@ -1,0 +1,185 @@
+"""Qwen3 decoder building blocks shared by the talker and the code predictor, with a slot KV cache.
+
+Pure PyTorch reference math matching the official eager path: RMSNorm in fp32 then cast,
+per-head q/k RMSNorm before RoPE, rotate-half RoPE with cos/sin computed in fp32, GQA attention
+(softmax in fp32), SwiGLU. `KVCache` holds (layers, slots, kv_heads, max_len, head_dim) keys and
+values; a `CacheView` tells one forward which slots it touches and where each row writes, so
+streams at different positions step together in one batched forward.
+Imports: torch only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.qwen3_tts.config import TransformerConfig
+
+__all__ = ["CacheView", "DecoderLayer", "DecoderStack", "KVCache", "RMSNorm", "rope_cos_sin"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions (B, T) long -> cos, sin (B, T, head_dim) in `dtype` (computed in fp32)."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponent)  # (head_dim/2,)
+    freqs = positions.float()[..., None] * inv_freq  # (B, T, head_dim/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, head_dim)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class KVCache:
+    """Keys/values for `num_slots` sequences of up to `max_len` tokens each."""
+
+    def __init__(self, config: TransformerConfig, *, num_slots: int, max_len: int, device, dtype):
+        if num_slots < 1 or max_len < 1:
+            raise ValueError(f"num_slots and max_len must be >= 1, got {num_slots}, {max_len}")
+        shape = (config.num_layers, num_slots, config.num_kv_heads, max_len, config.head_dim)
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.num_slots = num_slots
+        self.max_len = max_len
+
+
+@dataclass(slots=True)
+class CacheView:
+    """Where one forward of B rows x T new tokens reads and writes the cache.
+
+    slots: (B,) long tensor of slot ids, or a slice (a view, no gather copy).
+    start: (B,) long, the position of each row's first new token (= its cached length).
+    kv_len: keys [0, kv_len) are read; must cover max(start) + T (a static value under CUDA graphs).
+    write_offset: for multi-token writes, the common start of every row as a Python int (known to
+        the caller; reading it from `start` would sync the device and break graph capture).
+    """
+
+    cache: KVCache
+    slots: torch.Tensor | slice
+    start: torch.Tensor
+    kv_len: int
+    write_offset: int | None = None
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k/v (B, KV, T, D) at each row's positions; return (B, KV, kv_len, D) keys, values."""
+        keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]  # (N, KV, S, D)
+        num_new = k.shape[2]
+        if num_new == 1:
+            slots = (
+                self.slots
+                if isinstance(self.slots, torch.Tensor)
+                else torch.arange(self.slots.start, self.slots.stop, device=k.device)
+            )
+            keys[slots, :, self.start] = k[:, :, 0]  # advanced indices first: (B, KV, D)
+            values[slots, :, self.start] = v[:, :, 0]
+        else:
+            # Multi-token writes (prefill, predictor's first step) share one start position.
+            if self.write_offset is None:
+                raise ValueError("multi-token cache writes need write_offset (the rows' common start)")
+            first = self.write_offset
+            keys[self.slots, :, first : first + num_new] = k
+            values[self.slots, :, first : first + num_new] = v
+        return keys[self.slots, :, : self.kv_len], values[self.slots, :, : self.kv_len]
+
+    def mask(self, num_new: int) -> torch.Tensor:
+        """(B, 1, T, kv_len) bool: key j is visible to new token t of row b iff j <= start[b] + t."""
+        key_pos = torch.arange(self.kv_len, device=self.start.device)
+        query_pos = self.start[:, None] + torch.arange(num_new, device=self.start.device)  # (B, T)
+        return (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, view: CacheView, layer_idx: int, mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        d = self.config.head_dim
+        q = self.q_norm(self.q_proj(x).view(b, t, -1, d)).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_norm(self.k_proj(x).view(b, t, -1, d)).transpose(1, 2)  # (B, KV, T, D)
+        v = self.v_proj(x).view(b, t, -1, d).transpose(1, 2)  # (B, KV, T, D)
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        keys, values = view.update(layer_idx, k, v)  # (B, KV, kv_len, D)
+        rep = self.config.num_heads // self.config.num_kv_heads
+        keys = keys.repeat_interleave(rep, dim=1)  # (B, H, kv_len, D)
+        values = values.repeat_interleave(rep, dim=1)
+        scores = torch.matmul(q, keys.transpose(2, 3)) * d**-0.5  # (B, H, T, kv_len)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs, values).transpose(1, 2).reshape(b, t, -1)  # (B, T, H*D)
+        return self.o_proj(out)
+
+
+class Mlp(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = Mlp(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, view: CacheView, layer_idx: int, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, view, layer_idx, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """`layers.{i}` and the final `norm`; forward returns the final-norm hidden states."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def run_layers(self, x: torch.Tensor, view: CacheView) -> torch.Tensor:
+        """x (B, T, hidden) new tokens at positions start..start+T-1 -> (B, T, hidden) after the final norm."""
+        num_new = x.shape[1]
+        positions = view.start[:, None] + torch.arange(num_new, device=x.device)  # (B, T)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        # Always masked: rows sit at different positions, and kv_len is static under CUDA graphs.
+        mask = view.mask(num_new)
+        for layer_idx, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, view, layer_idx, mask)
+        return self.norm(x)

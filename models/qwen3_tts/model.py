@@ -1,0 +1,449 @@
+"""Qwen3-TTS as a `SpeechModel`: many streams in KV-cache slots, stepped together one frame at a time.
+
+open_stream builds the dual-track prompt, prefills the stream's slot and samples codebook 0 of
+frame 0. step(ids) runs for all listed streams at once: the code predictor (codebooks 1..Q-1),
+one batched talker forward (each stream at its own position) sampling the next codebook 0, and
+the exact incremental codec decode. Sampling and stopping follow the official generate() (see
+`_sample_talker` and `step`). Imports: torch, numpy, models.*.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from models.errors import RequestError
+from models.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig, TtsModelType
+from models.qwen3_tts.layers import CacheView, KVCache
+from models.qwen3_tts.prompt import PromptSpec, TextLayout, build_layout, embed_layout
+from models.qwen3_tts.talker import Talker
+from models.qwen3_tts.tokenizer import TextTokenizer
+from models.sampling import SamplingParams, make_generator, sample_tokens
+from models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
+
+__all__ = ["FrameObserver", "LogitObserver", "ModelOptions", "Qwen3TTSNetwork", "Qwen3TTSSpeechModel"]
+
+# (kind "talker" | "predictor", stream ids, head index (-1 for the talker), logits (B, V))
+LogitObserver = Callable[[str, tuple[int, ...], int, torch.Tensor], None]
+# (stream id, the Q codes of one emitted frame)
+FrameObserver = Callable[[int, torch.Tensor], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelOptions:
+    max_streams: int = 8  # KV-cache slots
+    max_seq_len: int = 4096  # prompt + generated tokens per slot
+    audio_every_frames: int = 1  # decode and return audio every N frames (and at the end)
+    text_layout: TextLayout | None = None  # None: the official default (streaming for clones only)
+
+    def __post_init__(self) -> None:
+        if self.max_streams < 1:
+            raise ValueError(f"max_streams must be >= 1, got {self.max_streams}")
+        if self.max_seq_len < 16:
+            raise ValueError(f"max_seq_len must be >= 16, got {self.max_seq_len}")
+        if self.audio_every_frames < 1:
+            raise ValueError(f"audio_every_frames must be >= 1, got {self.audio_every_frames}")
+
+
+class Qwen3TTSNetwork(nn.Module):
+    """The weights of `model.safetensors`: `talker.*` and (Base models) `speaker_encoder.*`."""
+
+    def __init__(self, config: Qwen3TTSConfig, speaker_encoder: nn.Module | None = None):
+        super().__init__()
+        self.talker = Talker(config.talker)
+        self.speaker_encoder = speaker_encoder
+
+
+@dataclass(slots=True)
+class _Stream:
+    stream_id: int
+    slot: int
+    position: int  # tokens in the KV cache
+    hidden: torch.Tensor  # (H,) talker final-norm state that produced `code0`
+    code0: torch.Tensor  # () long, codebook 0 of the pending frame
+    trailing_text: torch.Tensor  # (n, H) text-track rows for decode steps 0..n-1
+    talker_params: SamplingParams
+    predictor_params: SamplingParams
+    generator: torch.Generator
+    generated: torch.Tensor  # (max_tokens,) long buffer of sampled codebook-0 tokens
+    num_generated: int
+    max_tokens: int
+    decoder_state: object
+    pending_frames: list[torch.Tensor] = field(default_factory=list)  # (Q,) codes awaiting decode
+    num_steps: int = 0
+
+
+class Qwen3TTSSpeechModel(SpeechModel):
+    def __init__(
+        self,
+        *,
+        model_id: str,
+        config: Qwen3TTSConfig,
+        network: Qwen3TTSNetwork,
+        text_tokenizer: TextTokenizer,
+        codec_decoder: nn.Module,
+        codec_encoder: nn.Module | None,
+        generation: GenerationDefaults,
+        sample_rate_hz: int = 24000,
+        frame_rate_hz: float = 12.5,
+        options: ModelOptions = ModelOptions(),
+        is_random: bool = False,
+    ):
+        self.model_id = model_id
+        self.config = config
+        if (network.speaker_encoder is not None) != (config.tts_model_type is TtsModelType.BASE):
+            raise ValueError("a speaker encoder must be present exactly for Base (voice-clone) models")
+        self.network = network.eval()
+        self.talker: Talker = network.talker
+        self.text_tokenizer = text_tokenizer
+        self.codec_decoder = codec_decoder.eval()
+        self.codec_encoder = codec_encoder
+        self.generation = generation
+        self.options = options
+        self.sample_rate_hz = sample_rate_hz
+        self.frame_rate_hz = frame_rate_hz
+        self.max_streams = options.max_streams
+        self._is_random = is_random
+        param = self.talker.codec_head.weight
+        self.device = param.device
+        self.dtype = param.dtype
+        self.cache: KVCache = self.talker.new_cache(num_slots=options.max_streams, max_len=options.max_seq_len)
+        self._free_slots = list(range(options.max_streams))
+        self._streams: dict[int, _Stream] = {}
+        self._ids = itertools.count()
+        self.logit_observer: LogitObserver | None = None  # test/debug hooks
+        self.frame_observer: FrameObserver | None = None
+        tc = config.talker
+        self._eos = tc.codec_eos_token_id
+        # The official generate() suppresses the top 1024 codec ids except EOS.
+        self._suppress = torch.zeros(tc.vocab_size, dtype=torch.bool, device=self.device)
+        self._suppress[tc.vocab_size - 1024 :] = True
+        self._suppress[self._eos] = False
+        with torch.no_grad():
+            self._tts_pad_embed = self.talker.embed_text(torch.tensor([config.tts_pad_token_id], device=self.device))[
+                0
+            ]  # (H,)
+
+    # ---- metadata -------------------------------------------------------------------------
+
+    @property
+    def is_random(self) -> bool:
+        return self._is_random
+
+    @property
+    def open_stream_ids(self) -> tuple[int, ...]:
+        return tuple(self._streams)
+
+    def voices(self) -> tuple[VoiceInfo, ...]:
+        if self.config.tts_model_type is not TtsModelType.CUSTOM_VOICE:
+            return ()
+        tc = self.config.talker
+        out = []
+        for name in tc.speakers:
+            dialect = tc.speaker_dialects.get(name)
+            desc = f"speaks {dialect} for language chinese/auto" if dialect else ""
+            out.append(VoiceInfo(name=name, languages=self.config.languages, description=desc))
+        return tuple(out)
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def validate(self, request: SynthesisRequest) -> None:
+        self._prompt_spec(request)
+
+    def _prompt_spec(self, request: SynthesisRequest) -> PromptSpec:
+        kind = self.config.tts_model_type
+        language = "auto" if request.language is None else request.language.lower()
+        if language != "auto" and language not in self.config.languages:
+            raise RequestError(
+                f"language {request.language!r} is not supported; choose auto or one of "
+                f"{', '.join(self.config.languages)}"
+            )
+        if request.instructions is not None and not self.config.supports_instructions:
+            raise RequestError(
+                f"instructions are not supported by this {kind.value} model ({self.config.tts_model_size})"
+            )
+        if request.voice_prompt is not None and kind is not TtsModelType.BASE:
+            raise RequestError(f"voice_prompt (voice cloning) needs a Base model; this is a {kind.value} model")
+        speaker = None
+        if kind is TtsModelType.CUSTOM_VOICE:
+            speakers = list(self.config.talker.speakers)
+            speaker = (request.voice or speakers[0]).lower()
+            if speaker not in self.config.talker.speakers:
+                raise RequestError(f"voice {request.voice!r} is not one of: {', '.join(speakers)}")
+        elif request.voice is not None:
+            raise RequestError(f"voice names are only for CustomVoice models; this is a {kind.value} model")
+        ref_text = None
+        if kind is TtsModelType.BASE:
+            prompt = request.voice_prompt
+            if prompt is None:
+                raise RequestError("a Base (voice-clone) model needs voice_prompt reference audio")
+            if prompt.sample_rate_hz != self.sample_rate_hz:
+                raise RequestError(
+                    f"voice_prompt must be sampled at {self.sample_rate_hz} Hz, got {prompt.sample_rate_hz} Hz"
+                )
+            ref_text = prompt.transcript
+            if ref_text is not None and not ref_text.strip():
+                raise RequestError("voice_prompt.transcript is empty; pass None for x-vector-only cloning")
+        layout = self.options.text_layout
+        if layout is None:
+            layout = TextLayout.STREAMING if kind is TtsModelType.BASE else TextLayout.NON_STREAMING
+        num_ref_frames = 0
+        if ref_text is not None:
+            samples_per_frame = round(self.sample_rate_hz / self.frame_rate_hz)
+            num_ref_frames = -(-request.voice_prompt.samples.size // samples_per_frame)
+        return PromptSpec(
+            text=request.text,
+            language=language,
+            speaker=speaker,
+            instructions=request.instructions or None,
+            speaker_vector=kind is TtsModelType.BASE,
+            ref_text=ref_text,
+            num_ref_frames=num_ref_frames,
+            layout=layout,
+        )
+
+    def _sampling(self, request: SynthesisRequest) -> tuple[SamplingParams, SamplingParams]:
+        g = self.generation
+        if request.sampling == SamplingParams():  # not chosen by the caller: generation_config.json
+            talker = SamplingParams(
+                temperature=g.temperature if g.do_sample else 0.0,
+                top_k=g.top_k,
+                top_p=g.top_p,
+                repetition_penalty=g.repetition_penalty,
+                max_new_tokens=g.max_new_tokens,
+                min_new_tokens=min(g.min_new_tokens, g.max_new_tokens),
+            )
+        else:
+            s = request.sampling
+            # EOS is blocked for the first 2 tokens upstream (capped so that min <= max stays valid).
+            talker = replace(s, min_new_tokens=min(max(s.min_new_tokens, g.min_new_tokens), s.max_new_tokens))
+        if talker.is_greedy or not g.subtalker_dosample:
+            predictor = SamplingParams.greedy()
+        else:
+            predictor = SamplingParams(
+                temperature=g.subtalker_temperature, top_k=g.subtalker_top_k, top_p=g.subtalker_top_p
+            )
+        return talker, predictor
+
+    @torch.no_grad()
+    def open_stream(self, request: SynthesisRequest) -> int:
+        spec = self._prompt_spec(request)
+        layout = build_layout(spec, self.config, self.text_tokenizer)
+        if len(layout) + 1 > self.options.max_seq_len:
+            raise RequestError(
+                f"text too long: the prompt has {len(layout)} positions, this model holds {self.options.max_seq_len}"
+            )
+        if not self._free_slots:
+            raise RuntimeError(f"all {self.max_streams} stream slots are in use; close a stream first")
+        talker_params, predictor_params = self._sampling(request)
+        speaker_vector = ref_codes = None
+        decoder_state = self.codec_decoder.new_state(1)
+        if spec.speaker_vector:
+            wav = torch.as_tensor(np.asarray(request.voice_prompt.samples, dtype=np.float32), device=self.device)
+            speaker_vector = self.network.speaker_encoder.embed(wav.to(self.dtype))
+            if spec.ref_text is not None:
+                if self.codec_encoder is None:
+                    raise RequestError(
+                        "in-context cloning (a voice_prompt transcript) needs the speech-tokenizer encoder"
+                    )
+                ref_codes = self.codec_encoder.encode(wav[None].to(self.dtype))[0].T  # (T_ref, Q)
+                if ref_codes.shape[0] != spec.num_ref_frames:
+                    raise RuntimeError(f"encoder gave {ref_codes.shape[0]} frames, expected {spec.num_ref_frames}")
+                # Prime the decoder with the reference frames: upstream decodes ref + generated codes
+                # together and cuts the reference part off, so generated audio sees them as context.
+                self.codec_decoder.decode_incremental(ref_codes.T[None].to(self.device), decoder_state)
+        prefill = embed_layout(layout, self.talker, speaker_vector=speaker_vector, ref_codes=ref_codes)
+        trailing = (
+            self.talker.embed_text(torch.tensor(layout.trailing_text_ids, device=self.device, dtype=torch.long))
+            if layout.trailing_text_ids
+            else prefill.new_zeros(0, prefill.shape[1])
+        )
+        # Codebook-0 tokens: duration limit in frames, +1 because upstream discards the token that
+        # hits max_new_tokens; and the slot must hold prompt + every fed-back token.
+        max_frames = int(request.max_duration_s * self.frame_rate_hz)
+        max_tokens = min(talker_params.max_new_tokens, max_frames + 1, self.options.max_seq_len - len(layout) + 1)
+        slot = self._free_slots.pop(0)
+        stream_id = next(self._ids)
+        try:
+            view = CacheView(
+                cache=self.cache,
+                slots=torch.tensor([slot], device=self.device),
+                start=torch.zeros(1, dtype=torch.long, device=self.device),
+                kv_len=len(layout),
+                write_offset=0,
+            )
+            hidden, logits = self.talker.forward_tokens(prefill[None], view)
+            stream = _Stream(
+                stream_id=stream_id,
+                slot=slot,
+                position=len(layout),
+                hidden=hidden[0],
+                code0=torch.zeros((), dtype=torch.long, device=self.device),
+                trailing_text=trailing,
+                talker_params=talker_params,
+                predictor_params=predictor_params,
+                generator=make_generator(request.seed, self.device),
+                generated=torch.zeros(max(max_tokens, 1), dtype=torch.long, device=self.device),
+                num_generated=0,
+                max_tokens=max_tokens,
+                decoder_state=decoder_state,
+            )
+            stream.code0 = self._sample_talker([stream], logits)[0]
+        except BaseException:
+            self._free_slots.insert(0, slot)
+            raise
+        self._streams[stream_id] = stream
+        return stream_id
+
+    def close(self, stream_id: int) -> bool:
+        stream = self._streams.pop(stream_id, None)
+        if stream is None:
+            return False
+        self._free_slots.append(stream.slot)
+        self._free_slots.sort()
+        return True
+
+    # ---- stepping -------------------------------------------------------------------------
+
+    def _observe(self, kind: str, streams: Sequence[_Stream], head: int, logits: torch.Tensor) -> None:
+        if self.logit_observer is not None:
+            self.logit_observer(kind, tuple(s.stream_id for s in streams), head, logits.detach().clone())
+
+    def _sample_talker(self, streams: Sequence[_Stream], logits: torch.Tensor) -> torch.Tensor:
+        """Sample codebook 0 for each stream, record it, and return (B,) long.
+
+        As the official generate(): ids [vocab-1024, vocab) except EOS are suppressed, EOS is
+        blocked for the first min_new_tokens (2) tokens, and the repetition penalty covers the
+        stream's generated codebook-0 tokens (the prompt is embeddings, so nothing else)."""
+        self._observe("talker", streams, -1, logits)
+        logits = logits.float().masked_fill(self._suppress, float("-inf"))
+        tokens = sample_tokens(
+            logits,
+            [s.talker_params for s in streams],
+            [s.generator for s in streams],
+            [s.generated[: s.num_generated] for s in streams],
+            stop_token_ids=(self._eos,),
+        )
+        for row, s in enumerate(streams):
+            s.generated[s.num_generated] = tokens[row]
+            s.num_generated += 1
+        return tokens
+
+    def _predictor_chooser(self, streams: Sequence[_Stream]) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        params = [s.predictor_params for s in streams]
+        generators = [s.generator for s in streams]
+        empty = [torch.zeros(0, dtype=torch.long, device=self.device)] * len(streams)
+
+        def choose(head: int, logits: torch.Tensor) -> torch.Tensor:
+            self._observe("predictor", streams, head, logits)
+            if all(p.is_greedy for p in params):
+                return torch.argmax(logits.float(), dim=-1)
+            return sample_tokens(logits, params, generators, empty)
+
+        return choose
+
+    @torch.no_grad()
+    def step(self, stream_ids: Sequence[int]) -> list[AudioChunk]:
+        """One frame for every listed stream. A stream stops when EOS is sampled (the EOS frame is
+        not emitted) or after max_new_tokens codebook-0 tokens (the last one is discarded, as
+        upstream). The code predictor samples without repetition penalty, from its own params."""
+        if len(set(stream_ids)) != len(stream_ids):
+            raise ValueError(f"stream ids must be unique, got {list(stream_ids)}")
+        missing = [i for i in stream_ids if i not in self._streams]
+        if missing:
+            raise ValueError(f"streams {missing} are not open")
+        if not stream_ids:
+            return []
+        # A stream whose pending token already reached its limit (max_new_tokens 1, or a duration
+        # under one frame) ends with no frame, as upstream returns none for it.
+        spent = {i for i in stream_ids if self._streams[i].num_generated >= self._streams[i].max_tokens}
+        streams = [self._streams[i] for i in stream_ids if i not in spent]
+        if not streams:
+            return [self._finish_empty(i) for i in stream_ids]
+        hidden = torch.stack([s.hidden for s in streams])  # (B, H)
+        code0 = torch.stack([s.code0 for s in streams])  # (B,)
+        rest = self.talker.code_predictor.predict(
+            hidden, self.talker.embed_codec(code0), self._predictor_chooser(streams)
+        )  # (B, Q-1)
+        frames = torch.cat((code0[:, None], rest), dim=1)  # (B, Q)
+        text_rows = torch.stack(
+            [
+                s.trailing_text[s.num_steps] if s.num_steps < s.trailing_text.shape[0] else self._tts_pad_embed
+                for s in streams
+            ]
+        )  # (B, H)
+        inputs = self.talker.embed_frame(frames) + text_rows  # (B, H)
+        start = torch.tensor([s.position for s in streams], device=self.device)
+        view = CacheView(
+            cache=self.cache,
+            slots=torch.tensor([s.slot for s in streams], device=self.device),
+            start=start,
+            kv_len=max(s.position for s in streams) + 1,
+        )
+        new_hidden, logits = self.talker.forward_tokens(inputs[:, None], view)
+        next_code0 = self._sample_talker(streams, logits)
+        is_eos = (next_code0 == self._eos).tolist()
+
+        finish: list[FinishReason | None] = []
+        for row, s in enumerate(streams):
+            s.hidden = new_hidden[row]
+            s.code0 = next_code0[row]
+            s.position += 1
+            s.num_steps += 1
+            s.pending_frames.append(frames[row])
+            if self.frame_observer is not None:
+                self.frame_observer(s.stream_id, frames[row].clone())
+            if is_eos[row]:
+                finish.append(FinishReason.STOP)
+            elif s.num_generated >= s.max_tokens:
+                finish.append(FinishReason.LENGTH)
+            else:
+                finish.append(None)
+        audio = self._decode_pending(
+            [
+                s
+                for s, f in zip(streams, finish)
+                if f is not None or len(s.pending_frames) >= self.options.audio_every_frames
+            ]
+        )
+        chunks = {}
+        for s, f in zip(streams, finish):
+            samples = audio.get(s.stream_id, np.zeros(0, dtype=np.float32))
+            chunks[s.stream_id] = AudioChunk(stream_id=s.stream_id, samples=samples, num_new_frames=1, finish_reason=f)
+            if f is not None:
+                self.close(s.stream_id)
+        return [chunks[i] if i not in spent else self._finish_empty(i) for i in stream_ids]
+
+    def _finish_empty(self, stream_id: int) -> AudioChunk:
+        self.close(stream_id)
+        empty = np.zeros(0, dtype=np.float32)
+        return AudioChunk(stream_id=stream_id, samples=empty, num_new_frames=0, finish_reason=FinishReason.LENGTH)
+
+    def _decode_pending(self, streams: Sequence[_Stream]) -> dict[int, np.ndarray]:
+        """Exact incremental decode of each stream's pending frames; streams with the same number
+        of pending frames decode as one batch (states merged and split again)."""
+        out: dict[int, np.ndarray] = {}
+        by_count: dict[int, list[_Stream]] = {}
+        for s in streams:
+            if s.pending_frames:
+                by_count.setdefault(len(s.pending_frames), []).append(s)
+        for group in by_count.values():
+            codes = torch.stack([torch.stack(s.pending_frames, dim=1) for s in group])  # (B, Q, n)
+            if len(group) == 1:
+                state = group[0].decoder_state
+                wav = self.codec_decoder.decode_incremental(codes, state)
+            else:
+                state = type(group[0].decoder_state).cat([s.decoder_state for s in group])
+                wav = self.codec_decoder.decode_incremental(codes, state)
+                for row, s in enumerate(group):
+                    s.decoder_state = state.select([row])
+            wav = wav.float().cpu().numpy()
+            for row, s in enumerate(group):
+                out[s.stream_id] = wav[row]
+                s.pending_frames = []
+        return out
