@@ -12,6 +12,7 @@ PIP=".venv/bin/pip"
 "$PIP" install --quiet -e ".[test]"
 "$PIP" install --quiet --no-deps -r requirements/oracle-nodeps.txt
 "$PIP" install --quiet -r requirements/oracle.txt
+"$PIP" install --quiet --no-deps -r requirements/cuda-build.txt
 # torchaudio 2.11.1 (the newest on PyPI) ships C++ extensions built for torch 2.11 that cannot load in
 # torch 2.13; qwen-tts imports torchaudio at import time but its 12 Hz path never calls the extensions.
 # Without these files torchaudio imports in pure-Python mode.
