@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from models.errors import CheckpointError
+from models.fused_swiglu import FusedSwiglu, apply_fused_swiglu
 from models.streaming import SpeechModel
 
 __all__ = ["DTYPES", "PRESETS", "load_model", "parse_dtype"]
@@ -46,8 +47,23 @@ def _resolve(target: str):
     return getattr(importlib.import_module(module_name), func_name)
 
 
-def load_model(spec: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> SpeechModel:
-    """Load `spec`: `random:<preset>` (seeded random weights) or a checkpoint directory."""
+def load_model(
+    spec: str,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    fused_swiglu: FusedSwiglu = FusedSwiglu.AUTO,
+) -> SpeechModel:
+    """Load `spec`: `random:<preset>` (seeded random weights) or a checkpoint directory.
+
+    With `fused_swiglu` AUTO the MLPs use the fused CUTLASS op where it can run (Hopper, bf16, kernel
+    library built) and the PyTorch reference elsewhere; ON raises where it cannot run."""
+    model = _load_model(spec, device=device, dtype=dtype)
+    apply_fused_swiglu(model.torch_modules(), fused_swiglu)
+    return model
+
+
+def _load_model(spec: str, *, device: str | torch.device, dtype: torch.dtype) -> SpeechModel:
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but no CUDA GPU is visible")

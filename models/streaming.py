@@ -143,6 +143,10 @@ class SpeechModel(abc.ABC):
     def supports_speed(self) -> bool:
         return False
 
+    def torch_modules(self) -> tuple[torch.nn.Module, ...]:
+        """The language-model networks, for load-time rewrites such as the fused SwiGLU swap."""
+        return ()
+
     @property
     def is_random(self) -> bool:
         """True for `random:` presets, whose audio is noise."""

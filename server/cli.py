@@ -34,12 +34,15 @@ def _add_synth(subparsers) -> None:
     p.add_argument("--max-duration", type=float, default=30.0, help="seconds of audio at most")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
+    p.add_argument("--fused-swiglu", default="auto", choices=["auto", "on", "off"],
+                   help="fused CUTLASS SwiGLU MLPs: auto = where they can run (Hopper, bf16), else the PyTorch path")
     p.set_defaults(handler=_run_synth)
 
 
 def _run_synth(args: argparse.Namespace) -> int:
     import soundfile
 
+    from models.fused_swiglu import FusedSwiglu
     from models.registry import load_model, parse_dtype
     from models.sampling import SamplingParams
     from models.streaming import SynthesisRequest, synthesize
@@ -61,7 +64,7 @@ def _run_synth(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_duration_s=args.max_duration,
     )
-    model = load_model(args.model, device=args.device, dtype=dtype)
+    model = load_model(args.model, device=args.device, dtype=dtype, fused_swiglu=FusedSwiglu(args.fused_swiglu))
     if model.is_random:
         print(f"warning: {args.model} has random weights: the audio is noise", file=sys.stderr)
     model.validate(request)

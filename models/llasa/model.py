@@ -123,6 +123,9 @@ class LlasaModel(SpeechModel):
     def open_stream_ids(self) -> tuple[int, ...]:
         return tuple(self._streams)
 
+    def torch_modules(self) -> tuple[torch.nn.Module, ...]:
+        return (self.llama,)
+
     def voices(self) -> tuple[VoiceInfo, ...]:
         return (VoiceInfo(name=DEFAULT_VOICE, languages=("zh", "en"),
                           description="Llasa's single voice: a text-only prompt, no speaker conditioning"),)

@@ -139,6 +139,9 @@ class Qwen3TTSSpeechModel(SpeechModel):
     def open_stream_ids(self) -> tuple[int, ...]:
         return tuple(self._streams)
 
+    def torch_modules(self) -> tuple[nn.Module, ...]:
+        return (self.network,)
+
     def voices(self) -> tuple[VoiceInfo, ...]:
         if self.config.tts_model_type is not TtsModelType.CUSTOM_VOICE:
             return ()
