@@ -10,6 +10,7 @@ PIP=".venv/bin/pip"
 # The CPU build first: everything installed after it sees torch already satisfied.
 "$PIP" install --quiet torch==2.13.0
 "$PIP" install --quiet -e ".[test]"
+"$PIP" install --quiet --no-deps -r requirements/server-nodeps.txt
 "$PIP" install --quiet --no-deps -r requirements/oracle-nodeps.txt
 "$PIP" install --quiet -r requirements/oracle.txt
 "$PIP" install --quiet --no-deps -r requirements/cuda-build.txt

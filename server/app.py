@@ -1,0 +1,186 @@
+"""One server process: FastAPI (HTTP + WebSocket) under uvicorn and a grpc.aio server on one
+asyncio loop, both feeding one Scheduler whose worker thread owns the model.
+
+`ServerHandle` starts and stops it (tests run it in a background thread on free ports);
+`serve(config)` is what `tilevox serve` calls: it loads the model, runs until SIGTERM/SIGINT,
+then drains (new streams get 503/UNAVAILABLE, /ready turns false, active streams get
+`drain_timeout_s` to finish) before stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import threading
+import time
+
+import grpc
+import uvicorn
+from fastapi import WebSocket
+
+from models.streaming import SpeechModel, SynthesisRequest
+from server.config import ServerConfig
+from server.grpc_service import add_to_server
+from server.http_api import build_http_app
+from server.logs import log_event
+from server.metrics import ServerMetrics
+from server.scheduler import Scheduler
+from server.state import ServerState
+from server.voices import VoiceCatalog
+from server.ws import serve_websocket
+
+__all__ = ["ServerHandle", "build_state", "serve"]
+
+log = logging.getLogger("tilevox.app")
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handlers: the app owns SIGTERM so it can drain first."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def build_state(config: ServerConfig, model: SpeechModel) -> ServerState:
+    metrics = ServerMetrics()
+    if config.max_streams > model.max_streams:
+        raise ValueError(f"--max-streams {config.max_streams} exceeds what {model.model_id} supports ({model.max_streams})")
+    scheduler = Scheduler(model, max_active=config.max_streams, max_queued=config.max_queued, max_batch=config.max_batch, metrics=metrics)
+    return ServerState(config=config, model=model, scheduler=scheduler, metrics=metrics, catalog=VoiceCatalog.for_model(model))
+
+
+def _bind_port(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+class ServerHandle:
+    """Runs the server on its own event loop in a background thread (`start`) or in the
+    caller's loop (`run`). Ports of 0 are resolved to free ones before start returns."""
+
+    def __init__(self, config: ServerConfig, model: SpeechModel):
+        self.config = config
+        self.state = build_state(config, model)
+        self._http_sock = _bind_port(config.host, config.http_port)
+        self.http_port = self._http_sock.getsockname()[1]
+        self.grpc_port = config.grpc_port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+
+    async def run(self, *, install_signals: bool = False) -> None:
+        state, cfg = self.state, self.config
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        state.scheduler.start()
+        app = build_http_app(state)
+
+        @app.websocket("/v1/audio/speech/stream")
+        async def speech_stream(ws: WebSocket) -> None:
+            await serve_websocket(ws, state)
+
+        uv_config = uvicorn.Config(
+            app, log_level="warning", access_log=False, ws_max_size=cfg.max_message_bytes,
+            timeout_keep_alive=int(max(1, cfg.idle_timeout_s)), timeout_graceful_shutdown=int(cfg.drain_timeout_s) + 1,
+            lifespan="off",
+        )
+        http_server = _Uvicorn(uv_config)
+        grpc_server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.max_send_message_length", 64 << 20),
+        ])
+        health, health_pb2 = add_to_server(grpc_server, state)
+        self.grpc_port = grpc_server.add_insecure_port(f"{'[::]' if cfg.host in ('::', '0.0.0.0') else cfg.host}:{cfg.grpc_port}")
+        await grpc_server.start()
+        http_task = asyncio.create_task(http_server.serve(sockets=[self._http_sock]))
+        while not http_server.started:
+            if http_task.done():
+                await http_task  # surfaces a startup error
+            await asyncio.sleep(0.01)
+        if cfg.warmup:
+            await self._warm_up()
+        for service in ("", "nvidia.riva.tts.RivaSpeechSynthesis"):
+            await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        state.is_ready = True
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self._stop.set)
+        log_event(log, "server.ready", model=state.model.model_id, http_port=self.http_port, grpc_port=self.grpc_port,
+                  max_streams=cfg.max_streams, max_queued=cfg.max_queued, auth=cfg.api_key is not None)
+        self._started.set()
+        await self._stop.wait()
+
+        # Drain: refuse new work, let running streams finish within the deadline, then stop.
+        log_event(log, "server.draining", active=state.scheduler.num_active, queued=state.scheduler.num_queued)
+        state.is_draining = True
+        state.scheduler.stop_accepting()
+        await health.enter_graceful_shutdown()
+        is_drained = await asyncio.to_thread(state.scheduler.wait_idle, cfg.drain_timeout_s)
+        # Streams still running at the deadline are cancelled; their clients see the stream end.
+        state.scheduler.shutdown()
+        await asyncio.sleep(0.05)  # let the final chunks reach their writers
+        http_server.should_exit = True
+        await grpc_server.stop(grace=1.0)
+        await http_task
+        log_event(log, "server.stopped", drained=is_drained)
+
+    async def _warm_up(self) -> None:
+        """One short synthesis before /ready turns true, so the first client does not pay for
+        lazy initialisation (allocator growth, kernel selection, codec buffers)."""
+        started = time.perf_counter()
+        request = SynthesisRequest(text="Warm up.", max_duration_s=0.2)
+        try:
+            handle = self.state.scheduler.submit(request)
+        except ValueError as exc:  # e.g. a model that needs a voice prompt: serve cold, and say so
+            log_event(log, "server.warmup_skipped", level=logging.WARNING, reason=str(exc))
+            return
+        await handle.collect()
+        log_event(log, "server.warmed_up", seconds=round(time.perf_counter() - started, 3))
+
+    # ---- background-thread mode (tests, benchmark) ----------------------------------------
+    def start(self, timeout_s: float = 60.0) -> ServerHandle:
+        def target():
+            try:
+                asyncio.run(self.run())
+            except BaseException as exc:  # noqa: BLE001 - reported to the thread that called start()
+                self._error = exc
+                self._started.set()
+
+        self._thread = threading.Thread(target=target, name="tilevox-server", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout_s):
+            raise RuntimeError("server did not start in time")
+        if self._error is not None:
+            raise RuntimeError(f"server failed to start: {self._error}") from self._error
+        return self
+
+    def request_stop(self) -> None:
+        """What SIGTERM does: begin the drain (thread-safe)."""
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            return
+        self.request_stop()
+        self._thread.join(timeout_s)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+
+def serve(config: ServerConfig, model: SpeechModel) -> None:
+    asyncio.run(ServerHandle(config, model).run(install_signals=True))

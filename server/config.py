@@ -1,0 +1,58 @@
+"""ServerConfig: every knob of `tilevox serve`, validated once, passed down explicitly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ServerConfig"]
+
+DEFAULT_MODEL = "random:llama-tiny"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    model: str = DEFAULT_MODEL
+    host: str = "0.0.0.0"
+    http_port: int = 8000  # 0 = pick a free port (tests)
+    grpc_port: int = 50051  # 0 = pick a free port (tests)
+    device: str = "cpu"
+    dtype: str = "fp32"
+    max_streams: int = 32  # running streams (continuous batch size)
+    max_queued: int = 32  # accepted streams waiting for a slot; beyond: 429 / RESOURCE_EXHAUSTED
+    max_batch: int | None = None  # streams per model step; None = max_streams
+    api_key: str | None = None  # required on synthesis routes of all three surfaces when set
+    max_text_chars: int = 4096  # OpenAI's input limit
+    max_message_bytes: int = 1 << 20  # HTTP body, WebSocket message, gRPC message
+    default_max_duration_s: float = 60.0
+    idle_timeout_s: float = 30.0  # WebSocket/gRPC stream with no client message for this long is closed
+    drain_timeout_s: float = 30.0  # SIGTERM: active streams get this long to finish
+    warmup: bool = True  # one short synthesis before /ready turns true
+
+    def __post_init__(self) -> None:
+        for name in ("http_port", "grpc_port"):
+            port = getattr(self, name)
+            if not (0 <= port <= 65535):
+                raise ValueError(f"{name} must be in [0, 65535], got {port}")
+        if self.http_port and self.http_port == self.grpc_port:
+            raise ValueError(f"http_port and grpc_port must differ, both are {self.http_port}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.dtype not in ("fp32", "fp16", "bf16"):
+            raise ValueError(f"dtype must be fp32, fp16 or bf16, got {self.dtype!r}")
+        if self.max_streams < 1:
+            raise ValueError(f"max_streams must be >= 1, got {self.max_streams}")
+        if self.max_queued < 0:
+            raise ValueError(f"max_queued must be >= 0, got {self.max_queued}")
+        if self.max_batch is not None and not (1 <= self.max_batch <= self.max_streams):
+            raise ValueError(f"max_batch must be in [1, max_streams={self.max_streams}], got {self.max_batch}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty (leave it unset to disable authentication)")
+        if self.max_text_chars < 1:
+            raise ValueError(f"max_text_chars must be >= 1, got {self.max_text_chars}")
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if not (0 < self.default_max_duration_s <= 3600):
+            raise ValueError(f"default_max_duration_s must be in (0, 3600], got {self.default_max_duration_s}")
+        for name in ("idle_timeout_s", "drain_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

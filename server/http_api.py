@@ -1,0 +1,163 @@
+"""OpenAI-compatible HTTP surface (FastAPI): POST /v1/audio/speech streams audio as frames are
+produced (raw bytes of the response_format, or SSE `speech.audio.delta`/`speech.audio.done`),
+plus GET /v1/models, /v1/audio/voices, /health, /ready and /metrics.
+
+Synthesis routes need `Authorization: Bearer <key>` when a key is configured; probes and
+/metrics never do. Client disconnect cancels the stream (Starlette cancels the body iterator).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from server.audio import StreamEncoder
+from server.errors import map_exception
+from server.logs import log_event
+from server.protocol import ApiError, StreamFormat, parse_speech_request
+from server.scheduler import StreamHandle
+from server.state import ServerState, bearer_token, new_request_id
+
+__all__ = ["build_http_app"]
+
+log = logging.getLogger("tilevox.http")
+
+
+def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
+    mapped = map_exception(exc)
+    if mapped is None:
+        raise exc
+    headers = {"x-request-id": request_id}
+    if mapped.http_status == 429:
+        headers["retry-after"] = "1"
+    return JSONResponse(mapped.openai_body(), status_code=mapped.http_status, headers=headers)
+
+
+def build_http_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="tilevox", docs_url=None, redoc_url=None, openapi_url=None)
+    cfg = state.config
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        is_ready = state.is_ready and not state.is_draining and state.scheduler.worker_error is None
+        body = {"ready": is_ready, "model": state.model.model_id, "max_streams": cfg.max_streams, "max_queued": cfg.max_queued}
+        return JSONResponse(body, status_code=200 if is_ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    def _auth(request: Request) -> None:
+        if not state.check_api_key(bearer_token(request.headers.get("authorization"))):
+            raise ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)", code="invalid_api_key")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        request_id = request.headers.get("x-request-id") or new_request_id()
+        try:
+            _auth(request)
+        except ApiError as exc:
+            return _error_response(exc, request_id)
+        return JSONResponse({"object": "list", "data": [{"id": state.model.model_id, "object": "model", "owned_by": "tilevox", "created": 0}]})
+
+    @app.get("/v1/audio/voices")
+    async def voices(request: Request) -> JSONResponse:
+        request_id = request.headers.get("x-request-id") or new_request_id()
+        try:
+            _auth(request)
+        except ApiError as exc:
+            return _error_response(exc, request_id)
+        return JSONResponse({"voices": state.catalog.listed(), "languages": list(state.catalog.languages)})
+
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request) -> Response:
+        request_id = request.headers.get("x-request-id") or new_request_id()
+        try:
+            _auth(request)
+            declared = request.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > cfg.max_message_bytes:
+                raise ApiError(413, f"request body exceeds {cfg.max_message_bytes} bytes")
+            parts, size = [], 0
+            async for part in request.stream():  # bounded even without a content-length
+                size += len(part)
+                if size > cfg.max_message_bytes:
+                    raise ApiError(413, f"request body exceeds {cfg.max_message_bytes} bytes")
+                parts.append(part)
+            raw = b"".join(parts)
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ApiError(400, f"body is not valid JSON: {exc}") from exc
+            params = parse_speech_request(
+                body,
+                catalog=state.catalog,
+                native_rate_hz=state.model.sample_rate_hz,
+                max_text_chars=cfg.max_text_chars,
+                default_max_duration_s=cfg.default_max_duration_s,
+            )
+            encoder = StreamEncoder(params.response_format, in_rate_hz=state.model.sample_rate_hz, out_rate_hz=params.sample_rate_hz)
+            handle = state.scheduler.submit(params.request)
+        except Exception as exc:  # noqa: BLE001 - mapped to a 4xx/5xx body; unmapped ones re-raise
+            log_event(log, "speech.rejected", level=logging.WARNING, request_id=request_id, error=str(exc))
+            return _error_response(exc, request_id)
+        log_event(log, "speech.accepted", request_id=request_id, chars=len(params.request.text), format=params.response_format.value, stream_format=params.stream_format)
+        is_sse = params.stream_format == StreamFormat.SSE
+        body_iter = _sse_body(handle, encoder, params.response_format.value, request_id) if is_sse else _audio_body(handle, encoder, request_id)
+        media_type = "text/event-stream" if is_sse else params.response_format.content_type
+        headers = {"x-request-id": request_id, "x-sample-rate": str(params.sample_rate_hz), "cache-control": "no-store"}
+        return StreamingResponse(body_iter, media_type=media_type, headers=headers)
+
+    async def _audio_body(handle: StreamHandle, encoder: StreamEncoder, request_id: str):
+        try:
+            async for samples in handle:
+                data = encoder.encode(samples)
+                if data:
+                    yield data
+            tail = encoder.finish()
+            if tail:
+                yield tail
+        finally:
+            _finished(handle, request_id)
+
+    async def _sse_body(handle: StreamHandle, encoder: StreamEncoder, fmt: str, request_id: str):
+        def event(name: str, payload: dict) -> bytes:
+            return f"event: {name}\ndata: {json.dumps({'type': name, **payload})}\n\n".encode()
+
+        try:
+            try:
+                async for samples in handle:
+                    data = encoder.encode(samples)
+                    if data:
+                        yield event("speech.audio.delta", {"audio": base64.b64encode(data).decode(), "response_format": fmt})
+                tail = encoder.finish()
+                if tail:
+                    yield event("speech.audio.delta", {"audio": base64.b64encode(tail).decode(), "response_format": fmt})
+            except Exception as exc:
+                mapped = map_exception(exc)
+                if mapped is None:
+                    raise
+                yield event("speech.audio.error", mapped.openai_body())
+                return
+            frames = handle.stats.num_frames if handle.stats else 0
+            usage = {"input_tokens": len(handle.request.text), "output_tokens": frames, "total_tokens": len(handle.request.text) + frames}
+            yield event("speech.audio.done", {"usage": usage})
+        finally:
+            _finished(handle, request_id)
+
+    def _finished(handle: StreamHandle, request_id: str) -> None:
+        handle.cancel()  # no-op when it already finished; frees the slot on disconnect
+        stats = handle.stats.as_dict() if handle.stats else None
+        outcome = stats["finish_reason"] if stats else "aborted"
+        state.metrics.requests_total.labels(api="http", outcome=outcome).inc()
+        log_event(log, "speech.finished", request_id=request_id, stats=stats, at=time.time())
+
+    return app

@@ -1,0 +1,157 @@
+"""Sans-I/O parsing of speech requests shared by the HTTP and WebSocket surfaces.
+
+`parse_speech_request(body, ...)` turns a decoded JSON object (the OpenAI /v1/audio/speech body
+plus tilevox/vLLM-Omni extensions: seed, language, temperature, top_k, top_p, max_duration_s,
+sample_rate) into a `SpeechParams`, raising `ApiError` with the HTTP status, OpenAI error type,
+offending parameter and a message. No sockets, no model calls: tested with dicts in, errors out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from models.sampling import SamplingParams
+from models.streaming import SynthesisRequest
+from server.audio import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ, AudioFormat
+from server.voices import VoiceCatalog
+
+__all__ = ["ApiError", "SpeechParams", "StreamFormat", "parse_speech_request"]
+
+MULAW_RATE_HZ = 8000  # telephony
+
+
+class ApiError(Exception):
+    """A client error with everything an OpenAI-style error body needs."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None, type_: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class StreamFormat:
+    AUDIO = "audio"
+    SSE = "sse"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechParams:
+    request: SynthesisRequest
+    response_format: AudioFormat
+    sample_rate_hz: int  # output rate
+    stream_format: str
+
+
+_KNOWN_FIELDS = {
+    "model", "input", "voice", "instructions", "response_format", "speed", "stream_format", "stream",
+    "seed", "language", "temperature", "top_k", "top_p", "repetition_penalty", "max_duration_s",
+    "max_new_tokens", "sample_rate",
+}
+
+
+def _number(body: dict, name: str, kind: type, default):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
+        raise ApiError(400, f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}", param=name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ApiError(400, f"{name} must be finite", param=name)
+    return kind(value)
+
+
+def parse_speech_request(
+    body: object,
+    *,
+    catalog: VoiceCatalog,
+    native_rate_hz: int,
+    max_text_chars: int,
+    default_max_duration_s: float,
+    default_format: AudioFormat = AudioFormat.MP3,
+    require_input: bool = True,
+) -> SpeechParams:
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    unknown = sorted(set(body) - _KNOWN_FIELDS)
+    if unknown:
+        raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "model must be a string", param="model")
+    if not catalog.is_served_model(model):
+        raise ApiError(404, f"model {model!r} does not exist; this server serves {catalog.model_id!r}", param="model", code="model_not_found")
+    text = body.get("input", "placeholder" if not require_input else None)
+    if not isinstance(text, str) or not text.strip():
+        raise ApiError(400, "input must be a non-empty string", param="input")
+    if len(text) > max_text_chars:
+        raise ApiError(400, f"input is {len(text)} characters; the limit is {max_text_chars}", param="input", code="string_above_max_length")
+    voice = body.get("voice")
+    if isinstance(voice, dict):  # OpenAI's custom-voice object form {"id": ...}
+        voice = voice.get("id")
+    if voice is not None and not isinstance(voice, str):
+        raise ApiError(400, "voice must be a string or {\"id\": string}", param="voice")
+    try:
+        model_voice = catalog.resolve_voice(voice)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="voice", code="voice_not_found") from exc
+    fmt_name = body.get("response_format") or default_format.value
+    try:
+        fmt = AudioFormat(fmt_name)
+    except ValueError:
+        names = ", ".join(f.value for f in AudioFormat)
+        raise ApiError(400, f"response_format {fmt_name!r} is not supported; choose one of {names}", param="response_format") from None
+    stream_format = body.get("stream_format") or StreamFormat.AUDIO
+    if stream_format not in (StreamFormat.AUDIO, StreamFormat.SSE):
+        raise ApiError(400, f"stream_format must be 'audio' or 'sse', got {stream_format!r}", param="stream_format")
+    speed = _number(body, "speed", float, 1.0)
+    if not (0.25 <= speed <= 4.0):
+        raise ApiError(400, f"speed must be in [0.25, 4.0], got {speed}", param="speed")
+    if speed != 1.0:
+        # SynthesisRequest has no speed field yet, so no model can honour it: refuse rather than ignore.
+        raise ApiError(400, f"model {catalog.model_id!r} does not support speed other than 1.0", param="speed")
+    sample_rate = _number(body, "sample_rate", int, None)
+    if fmt in (AudioFormat.MULAW, AudioFormat.ALAW):
+        if sample_rate not in (None, MULAW_RATE_HZ):
+            raise ApiError(400, f"{fmt.value} is served at {MULAW_RATE_HZ} Hz only", param="sample_rate")
+        sample_rate = MULAW_RATE_HZ
+    elif sample_rate is None:
+        sample_rate = native_rate_hz
+    elif not (MIN_SAMPLE_RATE_HZ <= sample_rate <= MAX_SAMPLE_RATE_HZ):
+        raise ApiError(400, f"sample_rate must be in [{MIN_SAMPLE_RATE_HZ}, {MAX_SAMPLE_RATE_HZ}], got {sample_rate}", param="sample_rate")
+    elif fmt is AudioFormat.OPUS and sample_rate not in (8000, 12000, 16000, 24000, 48000):
+        raise ApiError(400, "opus supports sample_rate 8000, 12000, 16000, 24000 or 48000", param="sample_rate")
+    if fmt is AudioFormat.OPUS and sample_rate not in (8000, 12000, 16000, 24000, 48000):
+        sample_rate = 48000
+    defaults = SamplingParams()
+    instructions = body.get("instructions")
+    language = body.get("language")
+    for name, value in (("instructions", instructions), ("language", language)):
+        if value is not None and not isinstance(value, str):
+            raise ApiError(400, f"{name} must be a string", param=name)
+    try:
+        sampling = SamplingParams(
+            temperature=_number(body, "temperature", float, defaults.temperature),
+            top_k=_number(body, "top_k", int, defaults.top_k),
+            top_p=_number(body, "top_p", float, defaults.top_p),
+            repetition_penalty=_number(body, "repetition_penalty", float, defaults.repetition_penalty),
+            max_new_tokens=_number(body, "max_new_tokens", int, defaults.max_new_tokens),
+        )
+        request = SynthesisRequest(
+            text=text,
+            voice=model_voice,
+            language=language or None,
+            instructions=instructions or None,
+            sampling=sampling,
+            seed=_number(body, "seed", int, 0),
+            max_duration_s=_number(body, "max_duration_s", float, default_max_duration_s),
+        )
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from exc
+    return SpeechParams(request=request, response_format=fmt, sample_rate_hz=sample_rate, stream_format=stream_format)

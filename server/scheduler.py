@@ -1,0 +1,388 @@
+"""Continuous batching at codec-frame granularity over one `SpeechModel`.
+
+One worker thread owns the model (and so the device): it alone calls open_stream, step and
+close. Between two steps it closes cancelled streams, admits queued requests into free slots
+and picks the next batch, so streams join and leave the running batch every frame. Admission
+is bounded (`max_active` running + `max_queued` waiting); beyond that `submit` raises
+`OverloadedError` at once. Each stream's chunks reach the asyncio loop through
+`loop.call_soon_threadsafe`, so front ends simply iterate a `StreamHandle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest
+from server.metrics import ServerMetrics
+
+__all__ = ["OverloadedError", "Scheduler", "ShuttingDownError", "StreamHandle", "StreamStats", "SynthesisFailed"]
+
+log = logging.getLogger("tilevox.scheduler")
+
+
+class OverloadedError(RuntimeError):
+    """All running slots and queue places are taken (HTTP 429 / RESOURCE_EXHAUSTED)."""
+
+
+class ShuttingDownError(RuntimeError):
+    """The server is draining and accepts no new streams (HTTP 503 / UNAVAILABLE)."""
+
+
+class SynthesisFailed(RuntimeError):
+    """The model raised while opening or stepping this stream (HTTP 500 / INTERNAL)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamStats:
+    num_frames: int
+    num_samples: int
+    sample_rate_hz: int
+    queue_wait_s: float  # submit -> open_stream returned
+    time_to_first_audio_s: float  # submit -> first non-empty chunk (nan if none)
+    wall_time_s: float  # submit -> last chunk
+    finish_reason: FinishReason
+
+    @property
+    def audio_duration_s(self) -> float:
+        return self.num_samples / self.sample_rate_hz
+
+    @property
+    def real_time_factor(self) -> float:
+        return self.wall_time_s / self.audio_duration_s if self.num_samples else float("inf")
+
+    def as_dict(self) -> dict:
+        return {
+            "num_frames": self.num_frames,
+            "audio_duration_s": round(self.audio_duration_s, 4),
+            "queue_wait_ms": round(self.queue_wait_s * 1e3, 2),
+            "time_to_first_audio_ms": None if np.isnan(self.time_to_first_audio_s) else round(self.time_to_first_audio_s * 1e3, 2),
+            "wall_time_ms": round(self.wall_time_s * 1e3, 2),
+            "real_time_factor": round(self.real_time_factor, 4) if self.num_samples else None,
+            "finish_reason": self.finish_reason.value,
+        }
+
+
+_END = object()
+
+
+class StreamHandle:
+    """The asyncio-side view of one stream: `async for samples in handle` yields float32 arrays
+    (never empty) until the stream finishes; then `handle.stats` is set. Raises SynthesisFailed
+    if the model failed. `cancel()` is safe from any thread and idempotent."""
+
+    def __init__(self, scheduler: Scheduler, handle_id: int, request: SynthesisRequest, loop: asyncio.AbstractEventLoop):
+        self.handle_id = handle_id
+        self.request = request
+        self._scheduler = scheduler
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.stats: StreamStats | None = None
+        # worker-thread state
+        self.submitted_at = time.perf_counter()
+        self.model_stream_id: int | None = None
+        self.opened_at = float("nan")
+        self.first_audio_at = float("nan")
+        self.num_frames = 0
+        self.num_samples = 0
+        self.is_cancelled = False
+
+    def cancel(self) -> None:
+        self._scheduler._cancel(self)
+
+    # ---- called on the worker thread -------------------------------------------------
+    def _deliver(self, item) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    # ---- asyncio side --------------------------------------------------------------
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> np.ndarray:
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # later iterations also stop
+            raise StopAsyncIteration
+        if isinstance(item, StreamStats):
+            self.stats = item
+            self._queue.put_nowait(_END)
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._queue.put_nowait(_END)
+            raise item
+        return item
+
+    async def collect(self) -> np.ndarray:
+        pieces = [s async for s in self]
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+
+
+class Scheduler:
+    """Owns the model worker thread. `max_batch` caps how many streams one step carries; when
+    more are running, streams that have not produced audio yet go first, then the rest in
+    round-robin order, so a newcomer's first audio never waits behind long streams."""
+
+    def __init__(
+        self,
+        model: SpeechModel,
+        *,
+        max_active: int,
+        max_queued: int,
+        max_batch: int | None = None,
+        metrics: ServerMetrics | None = None,
+    ) -> None:
+        if max_active < 1:
+            raise ValueError(f"max_active must be >= 1, got {max_active}")
+        if max_active > model.max_streams:
+            raise ValueError(f"max_active {max_active} exceeds the model's max_streams {model.max_streams}")
+        if max_queued < 0:
+            raise ValueError(f"max_queued must be >= 0, got {max_queued}")
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}")
+        self.model = model
+        self.max_active = max_active
+        self.max_queued = max_queued
+        self.max_batch = max_batch or max_active
+        self.metrics = metrics
+        self._lock = threading.Condition()
+        self._pending: collections.deque[StreamHandle] = collections.deque()
+        self._active: dict[int, StreamHandle] = {}  # model stream id -> handle, in round-robin order
+        self._to_close: list[StreamHandle] = []
+        self._unfinished: dict[int, StreamHandle] = {}  # every handle not yet ended, wherever it is
+        self._ids = itertools.count(1)
+        self._accepting = True
+        self._stop = False
+        self.worker_error: BaseException | None = None  # set if the worker loop itself died
+        self._thread = threading.Thread(target=self._run, name="tilevox-model-worker", daemon=True)
+        self.step_batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)  # for tests and metrics
+
+    # ---- public API (any thread; submit from the event loop) ---------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def num_active(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    @property
+    def num_queued(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def submit(self, request: SynthesisRequest) -> StreamHandle:
+        """Validate and enqueue; raises ValueError (bad request), OverloadedError or ShuttingDownError."""
+        self.model.validate(request)
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self.worker_error is not None:
+                raise SynthesisFailed(f"the model worker stopped: {self.worker_error}")
+            if not self._accepting:
+                raise ShuttingDownError("server is shutting down")
+            # A handle counts against the limits until the worker has closed it.
+            if len(self._active) + len(self._pending) + len(self._to_close) >= self.max_active + self.max_queued:
+                raise OverloadedError(
+                    f"server busy: {self.max_active} streams running and {self.max_queued} queued; retry later"
+                )
+            handle = StreamHandle(self, next(self._ids), request, loop)
+            self._pending.append(handle)
+            self._unfinished[handle.handle_id] = handle
+            self._update_gauges()
+            self._lock.notify()
+        return handle
+
+    def stop_accepting(self) -> None:
+        with self._lock:
+            self._accepting = False
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until nothing runs or waits; returns False if `timeout_s` passed first."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._active or self._pending or self._to_close:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(timeout=min(left, 0.05))
+        return True
+
+    def shutdown(self) -> None:
+        """Cancel everything and stop the worker (after draining, or at the drain deadline)."""
+        with self._lock:
+            self._accepting = False
+            for handle in list(self._pending) + list(self._active.values()):
+                handle.is_cancelled = True
+                self._to_close.append(handle)
+            self._pending.clear()
+            self._stop = True
+            self._lock.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    # ---- internals -------------------------------------------------------------------
+    def _cancel(self, handle: StreamHandle) -> None:
+        with self._lock:
+            if handle.is_cancelled or handle.stats is not None:
+                return
+            handle.is_cancelled = True
+            if handle in self._pending:
+                self._pending.remove(handle)
+                self._finish(handle, FinishReason.CANCELLED)
+            elif handle.model_stream_id in self._active:
+                self._to_close.append(handle)
+            self._update_gauges()
+            self._lock.notify()
+
+    def _update_gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.active_streams.set(len(self._active))
+            self.metrics.queue_depth.set(len(self._pending))
+
+    def _finish(self, handle: StreamHandle, reason: FinishReason) -> None:
+        now = time.perf_counter()
+        stats = StreamStats(
+            num_frames=handle.num_frames,
+            num_samples=handle.num_samples,
+            sample_rate_hz=self.model.sample_rate_hz,
+            queue_wait_s=handle.opened_at - handle.submitted_at,
+            time_to_first_audio_s=handle.first_audio_at - handle.submitted_at,
+            wall_time_s=now - handle.submitted_at,
+            finish_reason=reason,
+        )
+        handle.stats = stats  # visible to the worker at once; the loop side sets it again on receipt
+        self._unfinished.pop(handle.handle_id, None)
+        handle._deliver(stats)
+        if self.metrics is not None:
+            self.metrics.observe_finished(stats)
+
+    def _fail(self, handle: StreamHandle, exc: BaseException) -> None:
+        handle.stats = StreamStats(
+            num_frames=handle.num_frames, num_samples=handle.num_samples, sample_rate_hz=self.model.sample_rate_hz,
+            queue_wait_s=float("nan"), time_to_first_audio_s=float("nan"),
+            wall_time_s=time.perf_counter() - handle.submitted_at, finish_reason=FinishReason.CANCELLED,
+        )
+        self._unfinished.pop(handle.handle_id, None)
+        handle._deliver(SynthesisFailed(f"synthesis failed: {type(exc).__name__}: {exc}"))
+
+    def _take_work(self) -> tuple[list[StreamHandle], list[StreamHandle], list[StreamHandle]] | None:
+        """Under the lock: wait for work, then return (to close, to admit, batch candidates)."""
+        with self._lock:
+            while not (self._stop or self._to_close or self._pending or self._active):
+                self._lock.wait()
+            if self._stop and not self._to_close:
+                return None
+            to_close, self._to_close = self._to_close, []
+            for handle in to_close:
+                self._active.pop(handle.model_stream_id, None)
+            free = self.max_active - len(self._active)
+            admit = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
+            return to_close, admit, list(self._active.values())
+
+    def _pick_batch(self, running: list[StreamHandle]) -> list[StreamHandle]:
+        if len(running) <= self.max_batch:
+            return running
+        # Streams still waiting for first audio first (oldest first), then round-robin the rest.
+        waiting = sorted((h for h in running if np.isnan(h.first_audio_at)), key=lambda h: h.submitted_at)
+        started = [h for h in running if not np.isnan(h.first_audio_at)]
+        batch = (waiting + started)[: self.max_batch]
+        with self._lock:
+            # Rotate: move the stepped ones to the back of the dict order.
+            for h in batch:
+                if h.model_stream_id in self._active:
+                    self._active[h.model_stream_id] = self._active.pop(h.model_stream_id)
+        return batch
+
+    def _run(self) -> None:
+        try:
+            self._loop_forever()
+        except Exception as exc:  # a bug or a failing close(): fail every stream loudly, refuse new ones
+            log.exception("model worker died")
+            with self._lock:
+                self.worker_error = exc
+                handles = list(self._unfinished.values())
+                self._pending.clear()
+                self._active.clear()
+                self._to_close = []
+                self._update_gauges()
+                self._lock.notify_all()
+            for handle in handles:
+                if handle.stats is None:
+                    self._fail(handle, exc)
+
+    def _loop_forever(self) -> None:
+        while True:
+            work = self._take_work()
+            if work is None:
+                break
+            to_close, admit, running = work
+            for handle in to_close:
+                if handle.model_stream_id is not None:
+                    self.model.close(handle.model_stream_id)
+                self._finish(handle, FinishReason.CANCELLED)
+            for handle in admit:
+                try:
+                    handle.model_stream_id = self.model.open_stream(handle.request)
+                except Exception as exc:  # a model failure must fail this request only, never the worker
+                    log.exception("open_stream failed for stream %d", handle.handle_id)
+                    self._fail(handle, exc)
+                    continue
+                handle.opened_at = time.perf_counter()
+                with self._lock:
+                    if handle.is_cancelled:
+                        self._to_close.append(handle)
+                    self._active[handle.model_stream_id] = handle
+                running.append(handle)
+            with self._lock:
+                self._update_gauges()
+                self._lock.notify_all()  # wake wait_idle
+                running = [h for h in running if h.model_stream_id in self._active and not h.is_cancelled]
+            if not running:
+                continue
+            batch = self._pick_batch(running)
+            self._step(batch)
+
+    def _step(self, batch: list[StreamHandle]) -> None:
+        ids = [h.model_stream_id for h in batch]
+        started = time.perf_counter()
+        try:
+            chunks: list[AudioChunk] = self.model.step(ids)
+        except Exception as exc:  # fail the whole batch; the model's state for it is unknown
+            log.exception("model.step failed for %d streams", len(ids))
+            with self._lock:
+                for handle in batch:
+                    self._active.pop(handle.model_stream_id, None)
+            for handle in batch:
+                self.model.close(handle.model_stream_id)
+                self._fail(handle, exc)
+            return
+        now = time.perf_counter()
+        self.step_batch_sizes.append(len(batch))
+        num_frames = 0
+        for handle, chunk in zip(batch, chunks, strict=True):
+            num_frames += chunk.num_new_frames
+            handle.num_frames += chunk.num_new_frames
+            if chunk.samples.size:
+                if np.isnan(handle.first_audio_at):
+                    handle.first_audio_at = now
+                    if self.metrics is not None:
+                        self.metrics.ttfa_seconds.observe(now - handle.submitted_at)
+                handle.num_samples += chunk.samples.size
+                handle._deliver(chunk.samples.astype(np.float32, copy=False))
+            if chunk.finish_reason is not None:
+                with self._lock:
+                    self._active.pop(handle.model_stream_id, None)
+                    if handle in self._to_close:  # cancelled during this step: it finished anyway
+                        self._to_close.remove(handle)
+                self._finish(handle, chunk.finish_reason)
+        if self.metrics is not None:
+            self.metrics.observe_step(num_frames=num_frames, step_s=now - started)
+        with self._lock:
+            self._update_gauges()
+            self._lock.notify_all()

@@ -1,0 +1,52 @@
+"""The runtime objects every front end shares: config, model facts, scheduler, metrics, auth.
+
+Built once in server/app.py; front ends receive it explicitly (no module globals).
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import os
+from dataclasses import dataclass, field
+
+from models.streaming import SpeechModel
+from server.config import ServerConfig
+from server.metrics import ServerMetrics
+from server.scheduler import Scheduler
+from server.voices import VoiceCatalog
+
+__all__ = ["ServerState", "new_request_id"]
+
+_counter = itertools.count(1)
+_PREFIX = os.urandom(3).hex()
+
+
+def new_request_id() -> str:
+    """Short, unique within the process, sortable by arrival."""
+    return f"req-{_PREFIX}-{next(_counter):06d}"
+
+
+@dataclass(slots=True, kw_only=True)
+class ServerState:
+    config: ServerConfig
+    model: SpeechModel
+    scheduler: Scheduler
+    metrics: ServerMetrics
+    catalog: VoiceCatalog
+    is_ready: bool = False
+    is_draining: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def check_api_key(self, presented: str | None) -> bool:
+        """True if no key is configured or `presented` equals it (constant-time compare)."""
+        if self.config.api_key is None:
+            return True
+        return presented is not None and hmac.compare_digest(presented.encode(), self.config.api_key.encode())
+
+
+def bearer_token(header_value: str | None) -> str | None:
+    if not header_value:
+        return None
+    scheme, _, token = header_value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None

@@ -1,0 +1,134 @@
+"""Process-level behaviour: SIGTERM-style drain, the drain deadline, config validation, and
+`tilevox serve` as a new user runs it (subprocess, curl-equivalent request, SIGTERM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+
+from server.config import ServerConfig
+from tests.server.fake_model import FakeSpeechModel
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_drain_lets_active_streams_finish_and_refuses_new_ones(server_factory):
+    server = server_factory(FakeSpeechModel(step_delay_s=0.004), max_streams=2, drain_timeout_s=10.0)
+    url = server.http_url + "/v1/audio/speech"
+    result = {}
+
+    def long_request():
+        r = httpx.post(url, json={"input": "d" * 150, "response_format": "pcm"}, timeout=30)
+        result["status"], result["bytes"] = r.status_code, len(r.content)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    deadline = time.monotonic() + 5
+    while server.state.scheduler.num_active == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    server.request_stop()
+    time.sleep(0.05)
+    r = httpx.post(url, json={"input": "late", "response_format": "pcm"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+    assert httpx.get(server.http_url + "/ready").status_code == 503
+    t.join(10)
+    assert result == {"status": 200, "bytes": 150 * 320 * 2}  # the active stream ran to its end
+
+
+def test_drain_deadline_cuts_streams_that_run_too_long(server_factory):
+    server = server_factory(FakeSpeechModel(step_delay_s=0.004), max_streams=1, drain_timeout_s=0.3)
+    url = server.http_url + "/v1/audio/speech"
+    result = {}
+
+    def very_long():
+        try:
+            r = httpx.post(url, json={"input": "v" * 4000, "response_format": "pcm", "max_duration_s": 100}, timeout=30)
+            result["bytes"] = len(r.content)
+        except httpx.HTTPError as exc:  # the body may be cut mid-chunk at the deadline
+            result["error"] = type(exc).__name__
+
+    t = threading.Thread(target=very_long)
+    t.start()
+    while server.state.scheduler.num_active == 0:
+        time.sleep(0.005)
+    started = time.monotonic()
+    server.stop(timeout_s=10)
+    assert time.monotonic() - started < 3.0
+    t.join(10)
+    assert result.get("bytes", 0) < 4000 * 320 * 2
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"http_port": 70000}, "http_port"),
+        ({"http_port": 9000, "grpc_port": 9000}, "differ"),
+        ({"max_streams": 0}, "max_streams"),
+        ({"max_batch": 99}, "max_batch"),
+        ({"api_key": " "}, "api_key"),
+        ({"device": "tpu"}, "device"),
+        ({"idle_timeout_s": 0}, "idle_timeout_s"),
+    ],
+)
+def test_config_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ServerConfig(**kwargs)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_tilevox_serve_then_readme_curl_gives_playable_wav(tmp_path):
+    http_port, grpc_port = _free_port(), _free_port()
+    cmd = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    try:
+        base = f"http://127.0.0.1:{http_port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(base + "/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        # the README's curl example, as JSON
+        r = httpx.post(base + "/v1/audio/speech", json={"model": "tts-1", "input": "Hello from tilevox.", "voice": "alloy", "response_format": "wav", "max_duration_s": 1}, timeout=30)
+        assert r.status_code == 200
+        path = tmp_path / "out.wav"
+        path.write_bytes(r.content)
+        samples, rate = soundfile.read(path)
+        assert rate == 16000 and len(samples) == 16000 and np.abs(samples).max() > 0
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    assert "no --model given: serving random:llama-tiny" in out
+    assert '"event": "server.stopped"' in out
+
+
+def test_serve_rejects_more_streams_than_the_model_supports(capsys):
+    from server.cli import main
+
+    assert main(["serve", "--model", "random:llama-tiny", "--device", "cpu", "--max-streams", "999", "--http-port", "0", "--grpc-port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "tilevox: error: --max-streams 999 exceeds" in err

@@ -1,0 +1,211 @@
+"""Scheduler tests over the FakeSpeechModel: batching, equality with solo runs, limits, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from models.streaming import FinishReason, SynthesisRequest
+from server.metrics import ServerMetrics
+from server.scheduler import OverloadedError, Scheduler, ShuttingDownError
+from tests.server.fake_model import FakeSpeechModel
+
+
+def _req(text: str, seed: int = 0, **kw) -> SynthesisRequest:
+    return SynthesisRequest(text=text, seed=seed, **kw)
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def sched_factory():
+    made = []
+
+    def make(model=None, **kw):
+        model = model or FakeSpeechModel()
+        kw.setdefault("max_active", 8)
+        kw.setdefault("max_queued", 8)
+        s = Scheduler(model, metrics=ServerMetrics(), **kw)
+        s.start()
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.shutdown()
+
+
+def test_concurrent_streams_equal_solo_and_share_steps(sched_factory):
+    model = FakeSpeechModel()
+    sched = sched_factory(model, max_active=6, max_queued=20)
+    rng = np.random.default_rng()
+    reqs = [_req("x" * int(rng.integers(3, 40)), seed=int(rng.integers(0, 1000))) for _ in range(17)]
+
+    async def main():
+        handles = [sched.submit(r) for r in reqs]
+        return await asyncio.gather(*(h.collect() for h in handles)), handles
+
+    outs, handles = _run(main())
+    for r, out, h in zip(reqs, outs, handles):
+        np.testing.assert_array_equal(out, model.expected(r))
+        assert h.stats.finish_reason is FinishReason.LENGTH
+        assert h.stats.num_frames == min(len(r.text), 50 * 60)
+    assert max(len(ids) for ids in model.step_log) == 6  # streams were batched, never beyond max_active
+    assert model.open_stream_ids == ()
+
+
+def test_overload_raises_and_queue_is_bounded(sched_factory):
+    sched = sched_factory(FakeSpeechModel(step_delay_s=0.002), max_active=2, max_queued=3)
+
+    async def main():
+        handles = [sched.submit(_req("y" * 30)) for _ in range(5)]
+        with pytest.raises(OverloadedError):
+            sched.submit(_req("z"))
+        await asyncio.gather(*(h.collect() for h in handles))
+        # slots are free again once streams finish
+        h = sched.submit(_req("after"))
+        return await h.collect()
+
+    assert _run(main()).size > 0
+
+
+def test_cancel_frees_slot_within_one_step(sched_factory):
+    model = FakeSpeechModel(step_delay_s=0.002)
+    sched = sched_factory(model, max_active=1, max_queued=0)
+
+    async def main():
+        long = sched.submit(_req("l" * 5000, max_duration_s=100.0))
+        got = 0
+        async for samples in long:
+            got += samples.size
+            if got >= 3 * model.samples_per_frame:
+                long.cancel()
+                steps_at_cancel = len(model.step_log)
+                break
+        rest = [s async for s in long]  # drains until the stats arrive
+        assert long.stats.finish_reason is FinishReason.CANCELLED
+        assert len(model.step_log) - steps_at_cancel <= 2  # closed within one step (+ the one in flight)
+        assert model.open_stream_ids == ()
+        h = sched.submit(_req("next"))  # the only slot is free again
+        return rest, await h.collect()
+
+    _, nxt = _run(main())
+    assert nxt.size > 0
+
+
+def test_cancel_while_queued(sched_factory):
+    sched = sched_factory(FakeSpeechModel(step_delay_s=0.002), max_active=1, max_queued=2)
+
+    async def main():
+        a = sched.submit(_req("a" * 40))
+        b = sched.submit(_req("b" * 40))
+        b.cancel()
+        out_b = await b.collect()
+        await a.collect()
+        return b, out_b
+
+    b, out_b = _run(main())
+    assert out_b.size == 0 and b.stats.finish_reason is FinishReason.CANCELLED
+
+
+def test_newcomer_first_audio_not_delayed_by_long_streams_with_batch_cap(sched_factory):
+    model = FakeSpeechModel()
+    sched = sched_factory(model, max_active=8, max_queued=0, max_batch=2)
+
+    async def main():
+        longs = [sched.submit(_req("L" * 400, seed=i)) for i in range(4)]
+        await asyncio.sleep(0.05)
+        new = sched.submit(_req("short", seed=99))
+        async for _ in new:
+            break
+        new.cancel()
+        for h in longs:
+            h.cancel()
+        await asyncio.gather(*(h.collect() for h in longs + [new]))
+        return new.model_stream_id
+
+    sid = _run(main())
+    opened = model.open_at_step[sid]
+    # 4 long streams hold the 2-wide batch, yet the newcomer is in the very next steps after it
+    # opens until its first audio (lookahead step, then audio step)
+    assert sid in model.step_log[opened] and sid in model.step_log[opened + 1]
+    assert all(len(ids) <= 2 for ids in model.step_log)
+
+
+def test_model_failure_fails_only_that_batch_and_worker_survives(sched_factory):
+    class Exploding(FakeSpeechModel):
+        def step(self, ids):
+            if any(self._streams[i]["key"] == self.bad_key for i in ids):
+                raise RuntimeError("boom")
+            return super().step(ids)
+
+    model = Exploding()
+    import zlib
+
+    model.bad_key = zlib.crc32(b"0|None|explode")
+    sched = sched_factory(model, max_active=1, max_queued=2)
+
+    async def main():
+        bad = sched.submit(_req("explode"))
+        with pytest.raises(Exception, match="boom"):
+            await bad.collect()
+        return await sched.submit(_req("fine")).collect()
+
+    assert _run(main()).size > 0
+
+
+def test_shutdown_rejects_new_streams(sched_factory):
+    sched = sched_factory()
+
+    async def main():
+        sched.stop_accepting()
+        with pytest.raises(ShuttingDownError):
+            sched.submit(_req("late"))
+
+    _run(main())
+
+
+def test_invalid_request_is_rejected_before_queueing(sched_factory):
+    sched = sched_factory()
+
+    async def main():
+        with pytest.raises(ValueError, match="voice"):
+            sched.submit(_req("hi", voice="nobody"))
+        assert sched.num_queued == 0
+
+    _run(main())
+
+
+def test_constructor_validation():
+    with pytest.raises(ValueError, match="max_streams"):
+        Scheduler(FakeSpeechModel(max_streams=4), max_active=5, max_queued=0)
+    with pytest.raises(ValueError, match="max_queued"):
+        Scheduler(FakeSpeechModel(), max_active=1, max_queued=-1)
+
+
+def test_worker_death_fails_streams_and_refuses_new_ones(sched_factory):
+    class BadClose(FakeSpeechModel):
+        def close(self, stream_id):
+            raise RuntimeError("close exploded")
+
+    model = BadClose(step_delay_s=0.002)
+    sched = sched_factory(model, max_active=2, max_queued=2)
+
+    async def main():
+        victim = sched.submit(_req("v" * 500))
+        other = sched.submit(_req("o" * 500))
+        async for _ in victim:
+            break
+        victim.cancel()  # the worker's close() raises: the worker loop dies
+        for h in (victim, other):
+            with pytest.raises(Exception, match="close exploded"):
+                await h.collect()
+        with pytest.raises(Exception, match="worker stopped"):
+            sched.submit(_req("new"))
+
+    _run(main())
+    assert sched.worker_error is not None

@@ -1,0 +1,168 @@
+"""WebSocket surface with an unmodified `websockets` client: text streamed in pieces, flush,
+cancel mid-stream, idle timeout, auth, and error events that leave the session usable."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import websockets
+from websockets.asyncio.client import connect
+
+from models.streaming import SynthesisRequest
+from server.audio import float_to_pcm16
+from tests.server.conftest import API_KEY
+from tests.server.fake_model import FakeSpeechModel
+
+
+def _url(server) -> str:
+    return f"ws://127.0.0.1:{server.http_port}/v1/audio/speech/stream"
+
+
+async def _until(ws, kind: str):
+    """Receive until an event of `kind`; returns (audio bytes before it, the event, other events)."""
+    audio, events = bytearray(), []
+    while True:
+        msg = await asyncio.wait_for(ws.recv(), timeout=10)
+        if isinstance(msg, bytes):
+            audio += msg
+            continue
+        event = json.loads(msg)
+        if event["type"] == kind:
+            return bytes(audio), event, events
+        events.append(event)
+
+
+def test_streamed_text_in_pieces_gives_phrases_in_order(fake_server, fake_model):
+    pieces = ["Hel", "lo there, wor", "ld. Pi is 3.", "14 to", "day! B", "ye"]
+
+    async def main():
+        async with connect(_url(fake_server)) as ws:
+            await ws.send(json.dumps({"type": "config", "voice": "alloy", "response_format": "pcm", "seed": 11}))
+            started = json.loads(await ws.recv())
+            assert started["type"] == "started" and started["sample_rate"] == 16000
+            for p in pieces:
+                await ws.send(json.dumps({"type": "text", "text": p}))
+            await ws.send(json.dumps({"type": "flush"}))
+            audio, done, events = await _until(ws, "done")
+            await ws.send(json.dumps({"type": "close"}))
+            return audio, done, events
+
+    audio, done, events = asyncio.run(main())
+    assert [e["type"] for e in events] == ["first_audio"]
+    assert done["stats"]["phrases"] == 3
+    phrases = ["Hello there, world.", "Pi is 3.14 today!", "Bye"]
+    expected = np.concatenate([float_to_pcm16(fake_model.expected(SynthesisRequest(text=p, seed=11 + i, voice="anna"))) for i, p in enumerate(phrases)])
+    np.testing.assert_array_equal(np.frombuffer(audio, "<i2"), expected)
+
+
+def test_cancel_mid_stream_stops_audio_and_session_continues(server_factory):
+    model = FakeSpeechModel(step_delay_s=0.005)
+    server = server_factory(model, max_streams=2, max_queued=0)
+
+    async def main():
+        async with connect(_url(server)) as ws:
+            await ws.send(json.dumps({"type": "config", "response_format": "pcm", "max_duration_s": 100}))
+            await _until(ws, "started")
+            await ws.send(json.dumps({"type": "text", "text": "long " * 400}))
+            await ws.send(json.dumps({"type": "flush"}))
+            first = await asyncio.wait_for(ws.recv(), timeout=10)
+            while not isinstance(first, bytes):
+                first = await asyncio.wait_for(ws.recv(), timeout=10)
+            await ws.send(json.dumps({"type": "cancel"}))
+            await _until(ws, "cancelled")
+            for _ in range(200):  # the slot is freed within a step or two
+                if server.state.scheduler.num_active == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert server.state.scheduler.num_active == 0 and model.open_stream_ids == ()
+            # the same socket keeps working
+            await ws.send(json.dumps({"type": "text", "text": "again"}))
+            await ws.send(json.dumps({"type": "flush"}))
+            audio, done, _ = await _until(ws, "done")
+            return audio, done
+
+    audio, done = asyncio.run(main())
+    assert done["stats"]["phrases"] == 1 and len(audio) == 2 * 5 * 320
+    assert len(model.step_log) < 2000
+
+
+def test_error_events_keep_the_session_open(fake_server):
+    async def main():
+        async with connect(_url(fake_server)) as ws:
+            await ws.send(json.dumps({"type": "text", "text": "too early"}))
+            errors = [json.loads(await ws.recv())]
+            await ws.send("{broken json")
+            errors.append(json.loads(await ws.recv()))
+            await ws.send(json.dumps({"type": "config", "voice": "nobody"}))
+            errors.append(json.loads(await ws.recv()))
+            await ws.send(json.dumps({"type": "config", "response_format": "aac"}))
+            errors.append(json.loads(await ws.recv()))
+            await ws.send(json.dumps({"type": "dance"}))
+            errors.append(json.loads(await ws.recv()))
+            await ws.send(b"\x00binary")
+            errors.append(json.loads(await ws.recv()))
+            await ws.send(json.dumps({"type": "config", "response_format": "pcm"}))
+            await _until(ws, "started")
+            await ws.send(json.dumps({"type": "text", "text": "x" * 600}))
+            errors.append(json.loads(await ws.recv()))
+            await ws.send(json.dumps({"type": "text", "text": "fine"}))
+            await ws.send(json.dumps({"type": "flush"}))
+            audio, _, _ = await _until(ws, "done")
+            return errors, audio
+
+    errors, audio = asyncio.run(main())
+    assert all(e["type"] == "error" and e["status"] == 400 for e in errors), errors
+    assert "voice" in errors[2]["message"] and "response_format" in errors[3]["message"]
+    assert len(audio) > 0
+
+
+def test_idle_timeout_closes(server_factory):
+    server = server_factory(idle_timeout_s=0.3)
+
+    async def main():
+        async with connect(_url(server)) as ws:
+            event = json.loads(await asyncio.wait_for(ws.recv(), timeout=5))
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), timeout=5)
+            return event
+
+    assert asyncio.run(main())["code"] == "idle_timeout"
+
+
+def test_api_key_header(keyed_server):
+    async def main():
+        with pytest.raises(websockets.InvalidStatus) as info:
+            async with connect(_url(keyed_server)):
+                pass
+        assert info.value.response.status_code == 403
+        async with connect(_url(keyed_server), additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+            await ws.send(json.dumps({"type": "config"}))
+            return json.loads(await ws.recv())
+
+    assert asyncio.run(main())["type"] == "started"
+
+
+def test_oversized_message_closes_with_1009_and_server_keeps_serving(server_factory):
+    server = server_factory(max_message_bytes=4096)
+
+    async def main():
+        async with connect(_url(server), max_size=None) as ws:
+            await ws.send(json.dumps({"type": "config"}))
+            await _until(ws, "started")
+            await ws.send(json.dumps({"type": "text", "text": "x" * 10000}))
+            with pytest.raises(websockets.ConnectionClosed) as info:
+                await asyncio.wait_for(ws.recv(), timeout=5)
+            code = info.value.rcvd.code if info.value.rcvd else None
+        async with connect(_url(server)) as ws:
+            await ws.send(json.dumps({"type": "config", "response_format": "pcm"}))
+            await _until(ws, "started")
+            await ws.send(json.dumps({"type": "text", "text": "small"}))
+            await ws.send(json.dumps({"type": "flush"}))
+            audio, _, _ = await _until(ws, "done")
+        return code, audio
+
+    code, audio = asyncio.run(main())
+    assert code == 1009 and len(audio) == 2 * 5 * 320
