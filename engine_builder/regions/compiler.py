@@ -1,0 +1,642 @@
+"""Region compiler: a model + RegionSpec + batch size + max context -> a megakernel Program.
+
+Instructions are emitted stage by stage in a topological order. Every stage (e.g. the QKV tiles of
+one kv group of one layer of one step) shares one counter; a consumer waits for exactly the stages
+holding the tiles it reads (attention of kv group g waits for group g's QKV tiles only). Activations
+are single-assignment buffers per (step, layer), so the only write-after-read hazards are in the KV
+cache, where each step appends at a fresh position. Queues are then filled by `schedule.py`.
+Imports: torch, trt_plugins.megakernel, models (through adapters), this package.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine_builder.regions.adapters import DecoderView, ModelFamily, decoder_view
+from engine_builder.regions.cost import H200, DeviceCosts
+from engine_builder.regions.schedule import SchedulingPolicy, schedule_program
+from engine_builder.regions.spec import RegionKind, RegionSpec, TilingConfig
+from trt_plugins.megakernel.instructions import (
+    NO_ID,
+    BufferKind,
+    BufferSpec,
+    DType,
+    Instruction,
+    Opcode,
+    Program,
+    RegionConstants,
+    Wait,
+)
+
+__all__ = ["CompiledRegion", "compile_region"]
+
+_DTYPES = {
+    torch.float32: DType.FLOAT32,
+    torch.bfloat16: DType.BFLOAT16,
+    torch.float16: DType.FLOAT16,
+    torch.int64: DType.INT64,
+    torch.int32: DType.INT32,
+}
+_SAMPLING_INPUTS = (
+    ("temperature", DType.FLOAT32),
+    ("top_k", DType.INT64),
+    ("top_p", DType.FLOAT32),
+    ("seed", DType.INT64),
+    ("rng_offset", DType.INT64),
+)
+_SAMPLING_BYTES_PER_ROW = 4 + 8 + 4 + 8 + 8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompiledRegion:
+    """The program plus the weight tensors to bind by buffer name (views of the model's parameters).
+
+    Callers bind INPUT and STATE buffers themselves: see `program.buffers` (names documented in
+    `compile_region`)."""
+
+    spec: RegionSpec
+    program: Program
+    weights: dict[str, torch.Tensor]
+    num_steps: int  # decode (micro-)steps the region runs
+    max_context: int
+
+    @property
+    def predicted_time_s(self) -> float:
+        return float(self.program.metadata["predicted_time_s"])
+
+
+def _tiles(total: int, size: int) -> list[tuple[int, int]]:
+    return [(start, min(start + size, total)) for start in range(0, total, size)]
+
+
+class _Builder:
+    def __init__(self, view: DecoderView, constants: RegionConstants) -> None:
+        self.view = view
+        self.c = constants
+        self.elt = view.final_norm.element_size()
+        self.act_dtype = _DTYPES[view.dtype]
+        self.buffers: list[BufferSpec] = []
+        self.ids: dict[str, int] = {}
+        self.weights: dict[str, torch.Tensor] = {}
+        self.instructions: list[Instruction] = []
+        self.num_counters = 0
+
+    # buffers ---------------------------------------------------------------------------------
+    def buffer(self, name: str, kind: BufferKind, dtype: DType, shape: tuple[int, ...]) -> int:
+        if name in self.ids:
+            raise AssertionError(f"buffer {name!r} declared twice")
+        self.ids[name] = len(self.buffers)
+        self.buffers.append(
+            BufferSpec(
+                buffer_id=len(self.buffers), name=name, kind=kind, dtype=dtype, shape=tuple(int(d) for d in shape)
+            )
+        )
+        return self.ids[name]
+
+    def weight(self, name: str, tensor: torch.Tensor | None) -> int:
+        if tensor is None:
+            return NO_ID
+        if name not in self.ids:
+            self.buffer(name, BufferKind.WEIGHT, _DTYPES[tensor.dtype], tuple(tensor.shape))
+            self.weights[name] = tensor.detach()
+        return self.ids[name]
+
+    def act(self, name: str, width: int, kind: BufferKind = BufferKind.SCRATCH) -> int:
+        return self.buffer(name, kind, self.act_dtype, (self.c.batch_size, width))
+
+    # stages ----------------------------------------------------------------------------------
+    def stage(self, records: list[dict[str, Any]]) -> Wait:
+        """Emit instructions that all signal one new counter; returns the wait for all of them."""
+        counter = self.num_counters
+        self.num_counters += 1
+        for record in records:
+            self.instructions.append(Instruction(signal=counter, **record))
+        return Wait(counter_id=counter, target=len(records))
+
+    def matvec_stage(
+        self,
+        opcode: Opcode,
+        *,
+        layer: int = NO_ID,
+        step: int,
+        rows: int,
+        tile_rows: int,
+        in_width: int,
+        inputs: tuple[int, ...],
+        outputs: tuple[int, ...],
+        waits: tuple[Wait, ...],
+        num_mats: int = 1,
+        norm: bool = False,
+        residual: bool = False,
+        bias: bool = False,
+        first_tile_extra_bytes: int = 0,
+    ) -> Wait:
+        """A stage of matrix-vector tiles over `rows` output features. Tile [r0, r1) reads num_mats x
+        (r1 - r0) weight rows of in_width (+ bias), the whole (B, in_width) input (+ a norm gain:
+        every tile recomputes the norm, as Hazy's kernel does), writes (B, r1 - r0), and with
+        `residual` also reads that slice of the residual stream."""
+        batch, elt = self.c.batch_size, self.elt
+        records = []
+        for start, stop in _tiles(rows, tile_rows):
+            n = stop - start
+            records.append({
+                "opcode": opcode, "layer": layer, "step": step, "tile_start": start, "tile_stop": stop,
+                "inputs": inputs, "outputs": outputs, "waits": waits,
+                "weight_bytes": num_mats * n * in_width * elt + (n * elt if bias else 0),
+                "activation_bytes": (batch * in_width * elt + (in_width * elt if norm else 0)
+                                     + (2 if residual else 1) * batch * n * elt
+                                     + (first_tile_extra_bytes if start == 0 else 0)),
+                "flops": 2 * num_mats * batch * n * in_width,
+            })  # fmt: skip
+        return self.stage(records)
+
+
+def _layer(
+    b: _Builder,
+    tiling: TilingConfig,
+    *,
+    step: int,
+    layer: int,
+    x_in: int,
+    x_waits: tuple[Wait, ...],
+    kv_wait: tuple[Wait, ...] | None,
+    context_tokens: int,
+    full: bool,
+    out_name: str | None = None,
+) -> tuple[int, Wait, tuple[Wait, ...]]:
+    """Emit one decoder layer at one step; returns (x_out buffer or NO_ID, its wait or None, per-group
+    QKV waits). Not `full`: only the QKV/KV-append tiles are live (nothing reads the layer's output).
+    kv_wait: the previous step's QKV stage of this layer and group (see the chain below)."""
+    c, v, elt = b.c, b.view, b.elt
+    w = v.layers[layer]
+    batch, d, g_size, hidden = c.batch_size, c.head_dim, c.group_size, v.hidden_size
+    prefix = f"layers.{layer}."
+    ln1, wq, wk, wv = (
+        b.weight(prefix + n, t) for n, t in (("ln1", w.ln1), ("w_q", w.w_q), ("w_k", w.w_k), ("w_v", w.w_v))
+    )
+    qk_norm = b.weight(prefix + "qk_norm", w.qk_norm)
+    tag = f"s{step}.l{layer}."
+    q_buf = b.buffer(tag + "q", BufferKind.SCRATCH, b.act_dtype, (batch, c.num_heads, d))
+    ids = b.ids
+    qkv_waits = []
+    for group in range(c.num_kv_heads):
+        # KV chain: QKV of step s waits for QKV of step s-1 (same layer and group), so a finished QKV
+        # stage implies every earlier position of the region is in the cache. Attention then needs
+        # a single wait even when a step's input does not depend on the previous step (the
+        # predictor's micro-steps 0 and 1).
+        waits = x_waits if kv_wait is None else (*x_waits, kv_wait[group])
+        records = []
+        for start, stop in _tiles(g_size + 2, tiling.heads_per_qkv_tile):
+            num_q = max(0, min(stop, g_size) - start)
+            num_kv = (stop - start) - num_q
+            records.append(
+                {
+                    "opcode": Opcode.RMSNORM_QKV_ROPE_APPEND,
+                    "layer": layer,
+                    "step": step,
+                    "tile_start": start,
+                    "tile_stop": stop,
+                    "args": (group,),
+                    "inputs": (x_in, ln1, wq, wk, wv, qk_norm, ids["inv_freq"], ids["positions"], ids["slots"]),
+                    "outputs": (q_buf, ids["k_cache"], ids["v_cache"]),
+                    "waits": waits,
+                    "weight_bytes": (stop - start) * d * hidden * elt,
+                    "kv_bytes": num_kv * batch * d * elt,
+                    "activation_bytes": (
+                        batch * hidden * elt
+                        + hidden * elt
+                        + (2 * d * elt if w.qk_norm is not None else 0)
+                        + (d // 2) * 4
+                        + 2 * batch * 8
+                        + num_q * batch * d * elt
+                    ),
+                    "flops": 2 * batch * (stop - start) * d * hidden,
+                }
+            )
+        qkv_waits.append(b.stage(records))
+    if not full:
+        return NO_ID, None, tuple(qkv_waits)
+
+    part_out = b.buffer(
+        tag + "part_out", BufferKind.SCRATCH, DType.FLOAT32, (batch, c.num_kv_heads, c.num_partitions, g_size, d)
+    )
+    part_lse = b.buffer(
+        tag + "part_lse", BufferKind.SCRATCH, DType.FLOAT32, (batch, c.num_kv_heads, c.num_partitions, g_size)
+    )
+    part_waits = []
+    for group in range(c.num_kv_heads):
+        records = []
+        for partition in range(c.num_partitions):
+            first = partition * c.partition_tokens
+            keys = max(0, min(first + c.partition_tokens, context_tokens) - first)
+            records.append(
+                {
+                    "opcode": Opcode.ATTN_PARTIAL,
+                    "layer": layer,
+                    "step": step,
+                    "tile_start": partition,
+                    "tile_stop": partition + 1,
+                    "args": (group,),
+                    "inputs": (q_buf, ids["k_cache"], ids["v_cache"], ids["positions"], ids["slots"]),
+                    "outputs": (part_out, part_lse),
+                    "waits": (qkv_waits[group],),
+                    "kv_bytes": 2 * batch * keys * d * elt,
+                    "activation_bytes": batch * g_size * d * elt + batch * g_size * (d + 1) * 4 + 2 * batch * 8,
+                    "flops": 2 * 2 * batch * g_size * keys * d,
+                }
+            )
+        part_waits.append(b.stage(records))
+
+    attn_out = b.act(tag + "attn_out", c.num_heads * d)
+    reduce_wait = b.stage(
+        [
+            {
+                "opcode": Opcode.ATTN_REDUCE,
+                "layer": layer,
+                "step": step,
+                "tile_start": group,
+                "tile_stop": group + 1,
+                "inputs": (part_out, part_lse),
+                "outputs": (attn_out,),
+                "waits": (part_waits[group],),
+                "activation_bytes": batch * c.num_partitions * g_size * (d + 1) * 4 + batch * g_size * d * elt,
+            }
+            for group in range(c.num_kv_heads)
+        ]
+    )
+    wo = b.weight(prefix + "w_o", w.w_o)
+    x_mid = b.act(tag + "x_mid", hidden)
+    hd = c.num_heads * d
+    oproj_wait = b.matvec_stage(
+        Opcode.OPROJ_RESIDUAL,
+        layer=layer,
+        step=step,
+        rows=hidden,
+        tile_rows=tiling.matvec_rows,
+        in_width=hd,
+        inputs=(attn_out, wo, x_in),
+        outputs=(x_mid,),
+        waits=(reduce_wait,),
+        residual=True,
+    )
+    ln2, wg, wu, wd = (
+        b.weight(prefix + n, t)
+        for n, t in (("ln2", w.ln2), ("w_gate", w.w_gate), ("w_up", w.w_up), ("w_down", w.w_down))
+    )
+    inter = v.intermediate_size
+    h = b.act(tag + "h", inter)
+    gateup_wait = b.matvec_stage(
+        Opcode.RMSNORM_GATEUP_SWIGLU,
+        layer=layer,
+        step=step,
+        rows=inter,
+        tile_rows=tiling.matvec_rows,
+        in_width=hidden,
+        num_mats=2,
+        inputs=(x_mid, ln2, wg, wu),
+        outputs=(h,),
+        waits=(oproj_wait,),
+        norm=True,
+    )
+    x_out = b.act(
+        tag + "x_out" if out_name is None else out_name,
+        hidden,
+        BufferKind.SCRATCH if out_name is None else BufferKind.OUTPUT,
+    )
+    down_wait = b.matvec_stage(
+        Opcode.DOWN_RESIDUAL,
+        layer=layer,
+        step=step,
+        rows=hidden,
+        tile_rows=tiling.matvec_rows,
+        in_width=inter,
+        inputs=(h, wd, x_mid),
+        outputs=(x_out,),
+        waits=(gateup_wait,),
+        residual=True,
+    )
+    return x_out, down_wait, tuple(qkv_waits)
+
+
+def _head(
+    b: _Builder,
+    tiling: TilingConfig,
+    *,
+    step: int,
+    head_idx: int,
+    rng_step: int,
+    x: int,
+    x_wait: Wait,
+    x_normed: int,
+    next_table: torch.Tensor | None,
+    vocab_limit: int | None,
+) -> tuple[int, Wait]:
+    """Final norm + head + sampling (+ next-token embedding); returns (x_next buffer or NO_ID, wait).
+    Row b's draw uses RNG counter rng_offset[b] + rng_step."""
+    c, v, elt = b.c, b.view, b.elt
+    batch, hidden = c.batch_size, v.hidden_size
+    head = v.heads[head_idx]
+    vocab = head.shape[0]
+    limit = vocab if vocab_limit is None else vocab_limit
+    if limit > vocab:
+        raise ValueError(f"vocab_limit {limit} exceeds the head's {vocab} rows")
+    norm_w = b.weight("final_norm", v.final_norm)
+    w_lm = b.weight(f"heads.{head_idx}", head)
+    logits = b.act(f"s{step}.logits", vocab, BufferKind.OUTPUT)
+    lm_wait = b.matvec_stage(
+        Opcode.RMSNORM_LMHEAD,
+        step=step,
+        rows=vocab,
+        tile_rows=tiling.lm_head_rows,
+        in_width=hidden,
+        inputs=(x, norm_w, w_lm),
+        outputs=(logits, x_normed),
+        waits=(x_wait,),
+        norm=True,
+        first_tile_extra_bytes=batch * hidden * elt if x_normed != NO_ID else 0,  # tile 0 also writes xn
+    )
+    tokens = b.buffer(f"s{step}.tokens", BufferKind.OUTPUT, DType.INT64, (batch,))
+    table = NO_ID
+    x_next = NO_ID
+    if next_table is not None:
+        table = b.weight(f"embed_tables.{_table_index(b, next_table)}", next_table)
+        x_next = b.act(f"s{step}.x_next", v.input_size)
+    ids = b.ids
+    sample_wait = b.stage(
+        [
+            {
+                "opcode": Opcode.SAMPLE_EMBED,
+                "step": step,
+                "tile_start": start,
+                "tile_stop": stop,
+                "args": (limit, rng_step),
+                "inputs": (logits, *(ids[name] for name, _ in _SAMPLING_INPUTS), table),
+                "outputs": (tokens, x_next),
+                "waits": (lm_wait,),
+                "weight_bytes": (stop - start) * v.input_size * elt if next_table is not None else 0,
+                "activation_bytes": (stop - start) * (limit * elt + _SAMPLING_BYTES_PER_ROW + 8),
+            }
+            for start, stop in _tiles(batch, tiling.sample_rows)
+        ]
+    )
+    return x_next, sample_wait
+
+
+def _table_index(b: _Builder, table: torch.Tensor) -> int:
+    for idx, candidate in enumerate(b.view.embed_tables):
+        if candidate is table:
+            return idx
+    raise AssertionError("embedding table not in the view")
+
+
+def _project(
+    b: _Builder, tiling: TilingConfig, *, step: int, x: int, x_waits: tuple[Wait, ...], name: str
+) -> tuple[int, tuple[Wait, ...]]:
+    """The predictor's talker-width -> predictor-width input projection (identity when absent)."""
+    v = b.view
+    if v.projection is None:
+        return x, x_waits
+    weight, bias = v.projection
+    w_id, b_id = (b.weight("projection.weight", weight), b.weight("projection.bias", bias))
+    y = b.act(name, v.hidden_size)
+    wait = b.matvec_stage(
+        Opcode.LINEAR_BIAS,
+        step=step,
+        rows=v.hidden_size,
+        tile_rows=tiling.matvec_rows,
+        in_width=v.input_size,
+        inputs=(x, w_id, b_id),
+        outputs=(y,),
+        waits=x_waits,
+        bias=True,
+    )
+    return y, (wait,)
+
+
+def compile_region(
+    model: torch.nn.Module,
+    spec: RegionSpec,
+    *,
+    batch_size: int,
+    max_context: int | None = None,
+    num_cache_slots: int | None = None,
+    cache_len: int | None = None,
+    tiling: TilingConfig | None = None,
+    num_sms: int = H200.num_sms,
+    policy: SchedulingPolicy = SchedulingPolicy.CRITICAL_PATH,
+    device: DeviceCosts = H200,
+    cost_context: int | None = None,
+) -> CompiledRegion:
+    """Compile `spec` of `model` for `batch_size` rows attending at most `max_context` keys.
+
+    Buffers to bind by name. INPUT: `positions`, `slots` (B,) int64 (row b's first new token goes to
+    cache[layer, slots[b], :, positions[b]], step s to positions[b] + s); `tokens` (B,) int64 with
+    embed_input, else `x_in` (B, hidden); predictor: `hidden`, `code0_embedding` (B, talker width);
+    with sampling `temperature`, `top_p` (B,) fp32 and `top_k`, `seed`, `rng_offset` (B,) int64 (the
+    draw of decoder step s, or of predictor head j, uses RNG counter rng_offset[b] + s, or + j).
+    STATE: `k_cache`, `v_cache` (layers, num_cache_slots, kv heads, cache_len, head_dim), the model's
+    own cache layout. OUTPUT: `s{step}.logits`, `s{step}.tokens`, `x_out` (layers region without
+    head), `x_normed` (talker head: the final-norm hidden). cost_context: keys per row at step 0
+    assumed by the cost estimates (default: the most the region allows).
+    """
+    tiling = TilingConfig() if tiling is None else tiling
+    view = decoder_view(model)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if spec.kind is RegionKind.CODE_PREDICTOR_LOOP:
+        if view.family is not ModelFamily.QWEN3_TTS_CODE_PREDICTOR:
+            raise ValueError(f"CODE_PREDICTOR_LOOP needs a CodePredictor, got {view.family.value}")
+        num_steps = len(view.heads) + 1  # micro-steps = positions 0..Q-1
+        max_context = num_steps if max_context is None else max_context
+        if max_context != num_steps:
+            raise ValueError(
+                f"the code-predictor loop attends exactly {num_steps} positions; got max_context {max_context}"
+            )
+        first, stop = 0, view.num_layers
+    else:
+        if view.family is ModelFamily.QWEN3_TTS_CODE_PREDICTOR:
+            raise ValueError("a CodePredictor compiles only as RegionSpec.code_predictor_loop()")
+        if spec.embed_input and view.family is not ModelFamily.LLAMA:
+            raise ValueError(f"embed_input needs a token-embedding model; {view.family.value} takes embeddings")
+        if max_context is None or max_context < spec.num_steps:
+            raise ValueError(f"max_context must be given and >= num_steps ({spec.num_steps}), got {max_context}")
+        num_steps = spec.num_steps
+        first = spec.first_layer
+        stop = view.num_layers if spec.stop_layer is None else spec.stop_layer
+        if stop > view.num_layers:
+            raise ValueError(f"stop_layer {stop} exceeds the model's {view.num_layers} layers")
+    num_cache_slots = batch_size if num_cache_slots is None else num_cache_slots
+    cache_len = max_context if cache_len is None else cache_len
+    if num_cache_slots < batch_size or cache_len < max_context:
+        raise ValueError(
+            f"the cache ({num_cache_slots} slots x {cache_len}) must hold {batch_size} rows x {max_context} positions"
+        )
+    partition_tokens = tiling.resolve_partition_tokens(max_context)
+    constants = RegionConstants(
+        batch_size=batch_size,
+        num_heads=view.num_heads,
+        num_kv_heads=view.num_kv_heads,
+        head_dim=view.head_dim,
+        rms_norm_eps=view.rms_norm_eps,
+        attn_scale=view.head_dim**-0.5,
+        partition_tokens=partition_tokens,
+        num_partitions=math.ceil(max_context / partition_tokens),
+    )
+    b = _Builder(view, constants)
+    for name in ("positions", "slots"):
+        b.buffer(name, BufferKind.INPUT, DType.INT64, (batch_size,))
+    b.weight("inv_freq", view.inv_freq)
+    cache_shape = (view.num_layers, num_cache_slots, view.num_kv_heads, cache_len, view.head_dim)
+    b.buffer("k_cache", BufferKind.STATE, b.act_dtype, cache_shape)
+    b.buffer("v_cache", BufferKind.STATE, b.act_dtype, cache_shape)
+    has_sampling = spec.kind is RegionKind.CODE_PREDICTOR_LOOP or spec.lm_head
+    if has_sampling:
+        for name, dtype in _SAMPLING_INPUTS:
+            b.buffer(name, BufferKind.INPUT, dtype, (batch_size,))
+    if cost_context is None:
+        cost_context = 1 if spec.kind is RegionKind.CODE_PREDICTOR_LOOP else max_context - num_steps + 1
+    if not 1 <= cost_context <= max_context - num_steps + 1:
+        raise ValueError(f"cost_context must be in [1, {max_context - num_steps + 1}], got {cost_context}")
+
+    if spec.kind is RegionKind.CODE_PREDICTOR_LOOP:
+        _compile_predictor_loop(b, tiling, num_steps)
+    else:
+        _compile_decoder(b, tiling, spec, first, stop, cost_context)
+
+    program = Program(
+        constants=constants,
+        buffers=tuple(b.buffers),
+        instructions=tuple(b.instructions),
+        queues=(tuple(range(len(b.instructions))),),
+        num_counters=b.num_counters,
+        metadata={
+            "region": spec.to_dict(),
+            "model_family": view.family.value,
+            "num_steps": num_steps,
+            "max_context": max_context,
+            "cost_context": cost_context,
+        },
+    )
+    program = schedule_program(program, num_sms=num_sms, policy=policy, device=device)
+    return CompiledRegion(spec=spec, program=program, weights=b.weights, num_steps=num_steps, max_context=max_context)
+
+
+def _compile_decoder(
+    b: _Builder, tiling: TilingConfig, spec: RegionSpec, first: int, stop: int, cost_context: int
+) -> None:
+    v, batch = b.view, b.c.batch_size
+    if spec.embed_input:
+        tokens = b.buffer("tokens", BufferKind.INPUT, DType.INT64, (batch,))
+        table = b.weight("embed_tables.0", v.embed_tables[0])
+        x = b.act("s0.x_in", v.hidden_size)
+        x_waits: tuple[Wait, ...] = (
+            b.stage(
+                [
+                    {
+                        "opcode": Opcode.EMBED,
+                        "step": 0,
+                        "tile_start": start,
+                        "tile_stop": stop_row,
+                        "inputs": (tokens, table),
+                        "outputs": (x,),
+                        "weight_bytes": (stop_row - start) * v.hidden_size * b.elt,
+                        "activation_bytes": (stop_row - start) * (8 + v.hidden_size * b.elt),
+                    }
+                    for start, stop_row in _tiles(batch, tiling.sample_rows)
+                ]
+            ),
+        )
+    else:
+        x = b.act("x_in", v.hidden_size, BufferKind.INPUT)
+        x_waits = ()
+    x_normed = (
+        b.act("x_normed", v.hidden_size, BufferKind.OUTPUT)
+        if (spec.lm_head and v.family is ModelFamily.QWEN3_TTS_TALKER)
+        else NO_ID
+    )
+    kv_waits: dict[int, tuple[Wait, ...]] = {}
+    for step in range(spec.num_steps):
+        for layer in range(first, stop):
+            out_name = "x_out" if layer == stop - 1 and not spec.lm_head else None
+            x, wait, kv_waits[layer] = _layer(
+                b,
+                tiling,
+                step=step,
+                layer=layer,
+                x_in=x,
+                x_waits=x_waits,
+                kv_wait=kv_waits.get(layer),
+                context_tokens=cost_context + step,
+                full=True,
+                out_name=out_name,
+            )
+            x_waits = (wait,)
+        if not spec.lm_head:
+            return
+        is_last = step == spec.num_steps - 1
+        next_table = None if is_last or v.family is not ModelFamily.LLAMA else v.embed_tables[0]
+        x, wait = _head(
+            b,
+            tiling,
+            step=step,
+            head_idx=0,
+            rng_step=step,
+            x=x,
+            x_wait=x_waits[0],
+            x_normed=x_normed,
+            next_table=next_table,
+            vocab_limit=spec.vocab_limit,
+        )
+        x_waits = (wait,)
+
+
+def _compile_predictor_loop(b: _Builder, tiling: TilingConfig, num_steps: int) -> None:
+    """Micro-step 0 is the talker hidden (position 0), micro-step 1 the codebook-0 embedding (position 1,
+    head 0), micro-step m >= 2 the embedding of code m-1 through table m-2 (head m-1). Causal attention
+    makes this equal to the reference's two-token prefill followed by single-token steps."""
+    v = b.view
+    hidden = b.act("hidden", v.input_size, BufferKind.INPUT)
+    code0 = b.act("code0_embedding", v.input_size, BufferKind.INPUT)
+    x, x_waits = _project(b, tiling, step=0, x=hidden, x_waits=(), name="s0.x_proj")
+    kv_waits: dict[int, tuple[Wait, ...]] = {}
+    for step in range(num_steps):
+        last = v.num_layers - 1
+        for layer in range(v.num_layers):
+            # Micro-step 0 feeds no head: its last layer only needs to append K/V.
+            full = step >= 1 or layer < last
+            x_out, wait, kv_waits[layer] = _layer(
+                b,
+                tiling,
+                step=step,
+                layer=layer,
+                x_in=x,
+                x_waits=x_waits,
+                kv_wait=kv_waits.get(layer),
+                context_tokens=step + 1,
+                full=full,
+            )
+            if full:
+                x, x_waits = x_out, (wait,)
+        if step == 0:
+            x, x_waits = _project(b, tiling, step=1, x=code0, x_waits=(), name="s1.x_proj")
+            continue
+        head_idx = step - 1
+        next_table = v.embed_tables[head_idx] if step + 1 < num_steps else None
+        emb, wait = _head(
+            b,
+            tiling,
+            step=step,
+            head_idx=head_idx,
+            rng_step=head_idx,
+            x=x,
+            x_wait=x_waits[0],
+            x_normed=NO_ID,
+            next_table=next_table,
+            vocab_limit=None,
+        )
+        if next_table is not None:
+            x, x_waits = _project(b, tiling, step=step + 1, x=emb, x_waits=(wait,), name=f"s{step + 1}.x_proj")

@@ -1,0 +1,71 @@
+"""Per-instruction time estimates for megakernel scheduling: a roofline on one SM's share of the GPU.
+
+time = max(bytes / per-SM bandwidth, flops / per-SM throughput) + a fixed instruction overhead, plus
+a synchronisation latency per counter wait. Every constant is named, sourced and dated; the
+latencies are assumptions to be replaced by the H200 measurements of issue 6.
+Imports: stdlib and trt_plugins.megakernel.instructions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trt_plugins.megakernel.instructions import Instruction
+
+__all__ = ["H200", "DeviceCosts", "instruction_time_s"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceCosts:
+    name: str
+    num_sms: int
+    hbm_bytes_per_s: float
+    dense_flops_per_s: float  # bf16 tensor-core, dense
+    activation_bytes_per_s: float  # activations and replicated norm gains: mostly L2 hits on the GPU
+    instruction_overhead_s: float  # decode a record, set up pipelines (assumed)
+    wait_latency_s: float  # one cross-SM counter hand-off through global memory (assumed)
+
+    def __post_init__(self) -> None:
+        if self.num_sms < 1:
+            raise ValueError(f"num_sms must be >= 1, got {self.num_sms}")
+        for name in ("hbm_bytes_per_s", "dense_flops_per_s", "activation_bytes_per_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.instruction_overhead_s < 0 or self.wait_latency_s < 0:
+            raise ValueError("latencies must be >= 0")
+
+    @property
+    def sm_bytes_per_s(self) -> float:
+        # With every SM streaming, each gets an equal share of HBM bandwidth.
+        return self.hbm_bytes_per_s / self.num_sms
+
+    @property
+    def sm_activation_bytes_per_s(self) -> float:
+        return self.activation_bytes_per_s / self.num_sms
+
+    @property
+    def sm_flops_per_s(self) -> float:
+        return self.dense_flops_per_s / self.num_sms
+
+
+# NVIDIA H200 SXM datasheet (retrieved 2026-12-02): 4.8 TB/s HBM3e, 989 TFLOPS dense BF16 (1,979 with
+# sparsity), 132 SMs. Assumptions (2026-12-02), to be replaced by issue 6's H200 measurements: 0.2 us
+# per instruction; 0.7 us per counter hand-off, of the order of one HBM round trip (~0.5 us measured on
+# MI300X, megakernels.md 4.1); activation traffic at the HBM rate (pessimistic: no L2 figure measured).
+H200 = DeviceCosts(
+    name="H200-SXM",
+    num_sms=132,
+    hbm_bytes_per_s=4.8e12,
+    dense_flops_per_s=989e12,
+    activation_bytes_per_s=4.8e12,
+    instruction_overhead_s=0.2e-6,
+    wait_latency_s=0.7e-6,
+)
+
+
+def instruction_time_s(inst: Instruction, device: DeviceCosts) -> float:
+    """Estimated run time of `inst` on one SM, excluding waits (the scheduler adds wait latency on edges)."""
+    memory_s = (inst.weight_bytes + inst.kv_bytes) / device.sm_bytes_per_s
+    memory_s += inst.activation_bytes / device.sm_activation_bytes_per_s
+    compute_s = inst.flops / device.sm_flops_per_s
+    return max(memory_s, compute_s) + device.instruction_overhead_s

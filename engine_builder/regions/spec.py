@@ -1,0 +1,109 @@
+"""What to compile into one megakernel region, and how finely to tile it.
+
+`RegionSpec` names a contiguous range of a model's per-step ops; `TilingConfig` sets tile sizes
+(the granularity of instructions and therefore of dependencies). Both are frozen and validated.
+Imports: stdlib only.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["RegionKind", "RegionSpec", "TilingConfig"]
+
+
+class RegionKind(enum.Enum):
+    DECODER = "decoder"  # layers [first_layer, stop_layer) of a decoder step, optionally with embed / head
+    CODE_PREDICTOR_LOOP = "code_predictor_loop"  # the whole Qwen3-TTS code-predictor loop of one frame
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegionSpec:
+    """DECODER: step input is token ids (embed_input, Llama) or a hidden state (input buffer `x_in`);
+    with lm_head the region ends with final norm + head + sampling, and with num_steps > 1 it loops,
+    each sampled token's embedding feeding the next step (a full decode step in one launch).
+    CODE_PREDICTOR_LOOP: inputs talker hidden + codebook-0 embedding, outputs codes 1..Q-1."""
+
+    kind: RegionKind = RegionKind.DECODER
+    first_layer: int = 0
+    stop_layer: int | None = None  # None: through the last layer
+    embed_input: bool = False
+    lm_head: bool = False
+    num_steps: int = 1
+    vocab_limit: int | None = None  # sample among logits[:vocab_limit] (None: the whole head)
+
+    def __post_init__(self) -> None:
+        if self.first_layer < 0 or (self.stop_layer is not None and self.stop_layer <= self.first_layer):
+            raise ValueError(f"layer range must satisfy 0 <= first < stop, got [{self.first_layer}, {self.stop_layer})")
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if self.kind is RegionKind.DECODER and self.num_steps > 1 and not (self.embed_input and self.lm_head):
+            raise ValueError(
+                "a multi-step decoder region must start from token ids (embed_input) and end "
+                "with the head (lm_head): each step's sampled token feeds the next"
+            )
+        if self.kind is RegionKind.CODE_PREDICTOR_LOOP and (
+            self.first_layer != 0
+            or self.stop_layer is not None
+            or self.embed_input
+            or self.lm_head
+            or self.num_steps != 1
+        ):
+            raise ValueError(
+                "CODE_PREDICTOR_LOOP covers the whole predictor: leave the layer range, "
+                "embed_input, lm_head and num_steps at their defaults"
+            )
+        if self.vocab_limit is not None and self.vocab_limit < 1:
+            raise ValueError(f"vocab_limit must be >= 1, got {self.vocab_limit}")
+
+    @classmethod
+    def layers(cls, first: int, stop: int, *, embed_input: bool = False, lm_head: bool = False) -> RegionSpec:
+        return cls(first_layer=first, stop_layer=stop, embed_input=embed_input, lm_head=lm_head)
+
+    @classmethod
+    def full_step(cls, num_steps: int = 1) -> RegionSpec:
+        return cls(embed_input=True, lm_head=True, num_steps=num_steps)
+
+    @classmethod
+    def code_predictor_loop(cls) -> RegionSpec:
+        return cls(kind=RegionKind.CODE_PREDICTOR_LOOP)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "kind": self.kind.value}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TilingConfig:
+    """Rows per matrix-vector tile (Hazy uses 16 at batch 1), query/key/value heads per QKV tile,
+    batch rows per sampling tile, and the KV partitioning of attention: partitions of at least
+    min_partition_tokens keys, at most max_partitions of them (partition_tokens overrides both)."""
+
+    matvec_rows: int = 16
+    lm_head_rows: int = 64
+    heads_per_qkv_tile: int = 1
+    sample_rows: int = 1
+    min_partition_tokens: int = 256
+    max_partitions: int = 24
+    partition_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "matvec_rows",
+            "lm_head_rows",
+            "heads_per_qkv_tile",
+            "sample_rows",
+            "min_partition_tokens",
+            "max_partitions",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.partition_tokens is not None and self.partition_tokens < 1:
+            raise ValueError(f"partition_tokens must be >= 1, got {self.partition_tokens}")
+
+    def resolve_partition_tokens(self, max_context: int) -> int:
+        if self.partition_tokens is not None:
+            return self.partition_tokens
+        return max(self.min_partition_tokens, math.ceil(max_context / self.max_partitions))

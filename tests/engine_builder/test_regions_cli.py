@@ -1,0 +1,46 @@
+"""`python -m engine_builder.regions` compiles shape-only (meta) models and writes a loadable tile graph."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine_builder.regions import H200, load_tile_graph, simulate
+from engine_builder.regions.__main__ import main
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "llama-tiny", "--region", "full_step", "--batch", "3", "--max-context", "300"],
+        ["--model", "llama-tiny", "--region", "layers:1-2", "--batch", "2", "--max-context", "64"],
+        [
+            "--model",
+            "qwen3-tts-tiny",
+            "--region",
+            "predictor_loop",
+            "--batch",
+            "2",
+            "--policy",
+            "round_robin",
+            "--check",
+        ],
+        ["--model", "qwen3-tts-tiny", "--region", "talker_step", "--batch", "1", "--max-context", "50"],
+    ],
+)
+def test_cli_writes_a_tile_graph(argv, tmp_path, capsys):
+    out = tmp_path / "graph.json"
+    assert main([*argv, "--num-sms", "7", "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    program = load_tile_graph(out)
+    assert len(program.queues) == 7
+    assert summary["num_instructions"] == len(program.instructions) > 0
+    assert summary["predicted_time_us"] == pytest.approx(simulate(program, H200).makespan_s * 1e6, abs=0.01)
+
+
+def test_cli_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown model"):
+        main(["--model", "gpt-2", "--region", "full_step"])
+    with pytest.raises(ValueError, match="does not apply"):
+        main(["--model", "llama-tiny", "--region", "predictor_loop", "--max-context", "8"])

@@ -1,0 +1,60 @@
+"""The committed C header is exactly what the registry generates, and a C compiler reads the same
+opcodes, record offsets and constants struct layout as Python."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import subprocess
+from dataclasses import fields
+
+import pytest
+
+from trt_plugins.megakernel.header import HEADER_PATH, generate_header, main
+from trt_plugins.megakernel.instructions import (
+    INSTRUCTION_WORDS,
+    RECORD_FIELDS,
+    BufferKind,
+    DType,
+    Opcode,
+    RegionConstants,
+)
+
+
+def test_committed_header_is_current():
+    assert HEADER_PATH.read_text() == generate_header(), (
+        "trt_plugins/csrc/megakernel/instructions.h is stale: run python -m trt_plugins.megakernel.header"
+    )
+    assert main(["--check"]) == 0
+
+
+def test_registry_is_consistent():
+    codes = [op.code for op in Opcode]
+    assert len(set(codes)) == len(codes) and min(codes) >= 1
+    words = sorted((start, start + width) for _, start, width in RECORD_FIELDS)
+    for (_, end), (start, _) in itertools.pairwise(words):
+        assert end <= start  # fields do not overlap
+    assert words[-1][1] <= INSTRUCTION_WORDS
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on PATH to check the header")
+def test_c_compiler_sees_the_registry(tmp_path):
+    checks = [f"TILEVOX_MK_OP_{op.name}" for op in Opcode]
+    checks += [f"TILEVOX_MK_FIELD_{name.upper()}" for name, _, _ in RECORD_FIELDS]
+    checks += [f"TILEVOX_MK_BUFFER_{k.name}" for k in BufferKind] + [f"TILEVOX_MK_DTYPE_{d.name}" for d in DType]
+    checks += ["TILEVOX_MK_INSTRUCTION_WORDS", "(int)sizeof(TilevoxMkRegionConstants)"]
+    body = "\n".join(f'  printf("%d\\n", (int)({c}));' for c in checks)
+    source = tmp_path / "check.c"
+    source.write_text(f'#include <stdio.h>\n#include "{HEADER_PATH}"\nint main(void) {{\n{body}\n  return 0;\n}}\n')
+    exe = tmp_path / "check"
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", str(source), "-o", str(exe)], check=True)
+    printed = [
+        int(line) for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    ]
+    expected = [op.code for op in Opcode] + [start for _, start, _ in RECORD_FIELDS]
+    expected += [k.value for k in BufferKind] + [d.value for d in DType]
+    expected += [
+        INSTRUCTION_WORDS,
+        4 * len(fields(RegionConstants)),
+    ]  # every field is 4 bytes
+    assert printed == expected
