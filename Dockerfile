@@ -4,10 +4,20 @@
 #   docker run --gpus all -p 8000:8000 -p 50051:50051 -v "$PWD/models:/models" tilevox \
 #       --model /models/<checkpoint-dir>
 #
-# The CUDA 12.6 base runs on host drivers >= 535 through CUDA minor-version compatibility; the
-# CUDA libraries themselves come with the PyTorch wheel. Ports: 8000 OpenAI HTTP + WebSocket,
-# 50051 Riva gRPC. Set TILEVOX_API_KEY to require a key on all three APIs.
-FROM nvidia/cuda:12.6.3-base-ubuntu24.04
+# The fused SwiGLU kernel library is compiled with nvcc 13.0 in a first stage (sm_90a, CUTLASS
+# headers from the nvidia-cutlass wheel), so hosts need a CUDA 13 driver (>= 580). The CUDA libraries
+# themselves come with the PyTorch wheel. Ports: 8000 OpenAI HTTP + WebSocket, 50051 Riva gRPC. Set
+# TILEVOX_API_KEY to require a key on all three APIs. Not yet built by the project's CI (no Docker engine).
+FROM nvidia/cuda:13.0.0-devel-ubuntu24.04 AS kernels
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/build \
+    && /opt/build/bin/pip install --no-deps nvidia-cutlass==4.2.0.0
+COPY trt_plugins /src/trt_plugins
+RUN cd /src && /opt/build/bin/python -m trt_plugins.build --out /out --jobs 4
+
+FROM nvidia/cuda:13.0.0-base-ubuntu24.04
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
@@ -23,7 +33,7 @@ ENV PATH=/opt/venv/bin:$PATH
 
 # PyTorch first, from the CUDA index, so nothing installed later can replace it with another build.
 ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 
 WORKDIR /opt/tilevox
@@ -32,13 +42,14 @@ COPY trt_plugins ./trt_plugins
 COPY models ./models
 COPY engine_builder ./engine_builder
 COPY server ./server
-# The server's packages (see docs/serving.md); nvidia-riva-client is installed without its
-# dependencies because it pins protobuf exactly and websockets<16, neither of which it needs here.
+# nvidia-riva-client is installed without its dependencies because it pins protobuf exactly and
+# websockets<16, neither of which it needs here.
 RUN pip install . \
-        "fastapi>=0.115" "uvicorn>=0.30" "websockets>=13" "grpcio>=1.81" "grpcio-health-checking>=1.81" \
-        "protobuf>=6.33" "prometheus-client>=0.20" "soxr>=0.5" "av>=14" \
     && pip install --no-deps "nvidia-riva-client==2.28.0" \
     && python -c "import torch; assert torch.version.cuda, 'a CPU-only torch was installed'"
+
+COPY --from=kernels /out/libtilevox_kernels.so /opt/tilevox/lib/libtilevox_kernels.so
+ENV TILEVOX_KERNELS_LIB=/opt/tilevox/lib/libtilevox_kernels.so
 
 RUN useradd --create-home --uid 10001 tilevox && mkdir -p /models && chown tilevox /models
 USER tilevox

@@ -92,6 +92,8 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--max-text-chars", type=int, default=4096)
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds a WebSocket/gRPC stream may stay silent")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds active streams get to finish after SIGTERM")
+    p.add_argument("--fused-swiglu", default="auto", choices=["auto", "on", "off"],
+                   help="fused CUTLASS SwiGLU MLPs: auto = where they can run (Hopper, bf16), else the PyTorch path")
     p.set_defaults(handler=_run_serve)
 
 
@@ -100,6 +102,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     import torch
 
+    from models.fused_swiglu import FusedSwiglu
     from models.registry import load_model, parse_dtype
     from server.app import serve
     from server.config import DEFAULT_MODEL, ServerConfig
@@ -112,7 +115,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     else:
         model_spec, device = args.model, args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
-    model = load_model(model_spec, device=device, dtype=parse_dtype(dtype_name))
+    model = load_model(model_spec, device=device, dtype=parse_dtype(dtype_name),
+                       fused_swiglu=FusedSwiglu(args.fused_swiglu))
     if model.is_random:
         print(f"warning: {model_spec} has random weights: the audio is noise", file=sys.stderr)
     max_streams = args.max_streams or min(model.max_streams, 32)
