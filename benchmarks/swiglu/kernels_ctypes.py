@@ -1,6 +1,6 @@
 """ctypes binding of libtilevox_kernels.so for the SwiGLU benchmark scripts (no dependency on trt_plugins.ops).
 
-Mirrors trt_plugins/csrc/tilevox_kernels.h field for field; torch tensors are passed by data_ptr on the
+The parameter structs come from trt_plugins.library; torch tensors are passed by data_ptr on the
 current stream. Each call raises RuntimeError(code, tilevox_last_error()) on a non-zero status.
 """
 
@@ -12,39 +12,15 @@ from pathlib import Path
 
 import torch
 
+from trt_plugins.library import GemmBf16Params, SwigluGateupParams
+
 KERNEL_AUTO, KERNEL_DUAL_PINGPONG, KERNEL_PACKED_EVT = 0, 1, 2
 ERR_UNSUPPORTED_SHAPE = 2
 
 
-class SwigluParams(ctypes.Structure):
-    _fields_ = [
-        ("x", ctypes.c_void_p),
-        ("w_gate", ctypes.c_void_p),
-        ("w_up", ctypes.c_void_p),
-        ("w_packed", ctypes.c_void_p),
-        ("out", ctypes.c_void_p),
-        ("m", ctypes.c_int64),
-        ("n", ctypes.c_int64),
-        ("k", ctypes.c_int64),
-        ("ldx", ctypes.c_int64),
-        ("ldo", ctypes.c_int64),
-        ("kernel", ctypes.c_int),
-        ("tile_config", ctypes.c_int),
-    ]
-
-
-class GemmParams(ctypes.Structure):
-    _fields_ = [
-        ("a", ctypes.c_void_p),
-        ("b", ctypes.c_void_p),
-        ("d", ctypes.c_void_p),
-        ("m", ctypes.c_int64),
-        ("n", ctypes.c_int64),
-        ("k", ctypes.c_int64),
-        ("lda", ctypes.c_int64),
-        ("ldd", ctypes.c_int64),
-        ("tile_config", ctypes.c_int),
-    ]
+# The parameter structs are the ones trt_plugins.library keeps in step with tilevox_kernels.h.
+SwigluParams = SwigluGateupParams
+GemmParams = GemmBf16Params
 
 
 class KernelError(RuntimeError):

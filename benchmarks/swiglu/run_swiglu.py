@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for trt_plugins.library
 from kernels_ctypes import (  # noqa: E402
     ERR_UNSUPPORTED_SHAPE,
     KERNEL_AUTO,
