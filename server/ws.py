@@ -212,7 +212,7 @@ async def serve_websocket(ws: WebSocket, state: ServerState) -> None:
                 await session.send_error(exc)
         await ws.close(code=1000)
     except WebSocketDisconnect:
-        pass
+        log_event(log, "ws.disconnected", request_id=request_id)  # the client left; `finally` frees its stream at once
     finally:
         if player is not None:
             player.cancel()

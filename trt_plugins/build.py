@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -105,12 +106,9 @@ def find_cutlass_include_dirs() -> list[Path]:
     if env:
         candidates.append(Path(env))
     else:
-        try:
-            import cutlass_library  # the nvidia-cutlass wheel (header-only use)
-
-            candidates.append(Path(cutlass_library.__file__).resolve().parent / "source")
-        except ImportError:
-            pass
+        spec = importlib.util.find_spec("cutlass_library")  # the nvidia-cutlass wheel (header-only use)
+        if spec is not None and spec.origin is not None:
+            candidates.append(Path(spec.origin).resolve().parent / "source")
     for root in candidates:
         inc, util = root / "include", root / "tools" / "util" / "include"
         if (inc / "cutlass" / "cutlass.h").is_file() and (util / "cutlass" / "util" / "packed_stride.hpp").is_file():
