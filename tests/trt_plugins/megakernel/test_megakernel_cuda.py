@@ -1,0 +1,309 @@
+"""The CUDA persistent megakernel against the megakernel VM (the oracle): same compiled program, same
+buffer values (the VM on CPU, the kernel on the GPU). Tiny Llama full-step regions at batch 1, 2, 7 for
+16 greedy steps (fp32 and bf16), a 16-step loop region with seeded top-k/top-p sampling, split regions
+in sequence, the Qwen3-TTS code-predictor loop, CUDA-graph capture + replay, and the watchdog turning
+an unsatisfiable wait into an error instead of a hang. Needs a GPU and libtilevox_kernels.so."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+import torch
+
+from engine_builder.regions import RegionSpec, TilingConfig, compile_region
+from engine_builder.regions.bindings import (
+    code_predictor_inputs,
+    llama_decode_inputs,
+    sampling_inputs,
+)
+from models.llama.config import LlamaConfig
+from models.llama.weights import random_llama
+from models.sampling import SamplingParams
+from trt_plugins.megakernel import BufferKind, Wait, run_program
+from trt_plugins.megakernel.instructions import (
+    BufferSpec,
+    DType,
+    Instruction,
+    Opcode,
+    Program,
+    RegionConstants,
+)
+
+pytestmark = pytest.mark.gpu
+
+MAX_STREAMS = 9
+CACHE_LEN = 72
+TILING = TilingConfig(matvec_rows=24, lm_head_rows=100, heads_per_qkv_tile=2, partition_tokens=7)
+DEVICE = "cuda"
+CASES = [([5], [1]), ([3, 0], [40, 6]), ([8, 1, 4, 0, 6, 2, 7], [1, 2, 7, 8, 15, 29, 50])]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    """trt_plugins.megakernel.runtime, after checking that the library with the megakernel loads."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from trt_plugins.megakernel import runtime
+
+    try:
+        runtime._library()
+    except (FileNotFoundError, AttributeError) as exc:
+        pytest.skip(f"libtilevox_kernels.so with the megakernel is not available: {exc}")
+    return runtime
+
+
+def _tiny_llama(dtype: torch.dtype, **config_changes):
+    """As tests/engine_builder/conftest.py: O(1) activations so greedy tokens have clear margins."""
+    config = dataclasses.replace(LlamaConfig.preset("tiny"), **config_changes)
+    model = random_llama(config, seed=0, device="cpu", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            if param.dim() == 1:
+                param.copy_(1.0 + 0.1 * noise)
+            elif "embed" in name:
+                param.copy_(noise)
+            else:
+                param.copy_(noise / param.shape[1] ** 0.5)
+    return model.to(dtype)
+
+
+@pytest.fixture(scope="module")
+def llama32():
+    return _tiny_llama(torch.float32)
+
+
+def _cache(model, slots, lengths, seed):
+    cache = model.new_cache(max_streams=MAX_STREAMS, max_seq_len=CACHE_LEN)
+    for _ in range(MAX_STREAMS):
+        cache.allocate()
+    gen = torch.Generator().manual_seed(seed)
+    for slot, length in zip(slots, lengths):
+        model.prefill(cache, slot, torch.randint(0, model.config.vocab_size, (length,), generator=gen))
+    return cache
+
+
+def _compile(model, spec, batch, **kw):
+    return compile_region(
+        model, spec, batch_size=batch, max_context=CACHE_LEN, num_cache_slots=MAX_STREAMS, cache_len=CACHE_LEN,
+        tiling=kw.pop("tiling", TILING), num_sms=kw.pop("num_sms", 6), **kw,
+    )  # fmt: skip
+
+
+def _to_cuda(bound):
+    return {name: t.to(DEVICE).contiguous() for name, t in bound.items()}
+
+
+def _tol(dtype):
+    return {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 2e-2}
+
+
+def _greedy(batch):
+    return sampling_inputs([SamplingParams.greedy()] * batch, seeds=list(range(batch)))
+
+
+def _run_both(rt, program, bound_cpu):
+    """VM on CPU (on clones of STATE buffers) and the kernel on the GPU; returns (vm_out, gpu_out)."""
+    states = {s.name for s in program.buffers if s.kind is BufferKind.STATE}
+    vm_bound = {n: (t.clone() if n in states else t) for n, t in bound_cpu.items()}
+    gpu_out = rt.run_program_cuda(program, _to_cuda(bound_cpu))
+    vm_out = run_program(program, vm_bound)
+    return vm_out, gpu_out
+
+
+def _assert_outputs_close(program, vm_out, gpu_out, dtype):
+    for spec in program.buffers:
+        if spec.kind not in (BufferKind.OUTPUT, BufferKind.STATE):
+            continue
+        got, want = gpu_out[spec.name].cpu(), vm_out[spec.name]
+        if want.dtype.is_floating_point:
+            torch.testing.assert_close(got, want, **_tol(dtype), msg=lambda m, n=spec.name: f"{n}: {m}")
+        else:
+            assert torch.equal(got, want), spec.name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("slots, lengths", CASES, ids=[f"batch{len(c[0])}" for c in CASES])
+def test_full_step_matches_vm_for_16_greedy_steps(rt, llama32, slots, lengths, dtype):
+    model = llama32 if dtype == torch.float32 else _tiny_llama(dtype)
+    batch = len(slots)
+    vm_cache = _cache(model, slots, lengths, seed=batch)
+    gpu_k, gpu_v = vm_cache.k.to(DEVICE), vm_cache.v.to(DEVICE)
+    region = _compile(model, RegionSpec.full_step(1), batch)
+    launch = rt.CudaProgram(region.program)
+    tokens = torch.randint(0, model.config.vocab_size, (batch,), generator=torch.Generator().manual_seed(7))
+    gpu_tokens = tokens.clone()
+    for _ in range(16):
+        vm_out = run_program(region.program, {**llama_decode_inputs(region, vm_cache, slots, tokens), **_greedy(batch)})
+        bound = _to_cuda({**llama_decode_inputs(region, vm_cache, slots, gpu_tokens), **_greedy(batch)})
+        bound["k_cache"], bound["v_cache"] = gpu_k, gpu_v
+        gpu_out = launch.bind(bound).launch()
+        for slot in slots:
+            vm_cache.lengths[slot] += 1
+        torch.testing.assert_close(gpu_out["s0.logits"].cpu(), vm_out["s0.logits"], **_tol(dtype))
+        assert torch.equal(gpu_out["s0.tokens"].cpu(), vm_out["s0.tokens"])
+        tokens, gpu_tokens = vm_out["s0.tokens"], gpu_out["s0.tokens"].cpu()
+    torch.testing.assert_close(gpu_k.cpu(), vm_cache.k, **_tol(dtype))
+    torch.testing.assert_close(gpu_v.cpu(), vm_cache.v, **_tol(dtype))
+
+
+def test_rows_longer_than_one_staging_chunk(rt):
+    """intermediate 8196: the down projection stages at most 5 batch rows at a time (192 KiB of fp32), so
+    batch 7 takes two passes over each weight row; the bf16 weights take the scalar (K % 8 != 0) path."""
+    for dtype in (torch.float32, torch.bfloat16):
+        model = _tiny_llama(dtype, intermediate_size=8196)
+        slots, lengths = [8, 1, 4, 0, 6, 2, 7], [1, 2, 7, 8, 15, 29, 50]
+        region = _compile(model, RegionSpec.full_step(3), len(slots))
+        bound = {**llama_decode_inputs(region, _cache(model, slots, lengths, seed=4), slots,
+                                       torch.arange(7) * 100), **_greedy(7)}  # fmt: skip
+        vm_out, gpu_out = _run_both(rt, region.program, bound)
+        _assert_outputs_close(region.program, vm_out, gpu_out, dtype)
+
+
+def test_loop_region_with_seeded_sampling_matches_vm(rt, llama32):
+    """16 steps in one launch, each step's token sampled (temperature, top-k, top-p, per-stream seeds)."""
+    slots, lengths = [2, 6, 0], [3, 30, 11]
+    cache = _cache(llama32, slots, lengths, seed=11)
+    region = _compile(llama32, RegionSpec.full_step(16), 3)
+    params = [
+        SamplingParams(temperature=0.9, top_k=50, top_p=0.9),
+        SamplingParams(temperature=1.3, top_k=0, top_p=0.8),
+        SamplingParams(temperature=0.7, top_k=7, top_p=1.0),
+    ]
+    sampling = sampling_inputs(params, seeds=[123, 2**40 + 5, 9], rng_offsets=[0, 17, 4])
+    bound = {**llama_decode_inputs(region, cache, slots, torch.tensor([5, 900, 77])), **sampling}
+    vm_out, gpu_out = _run_both(rt, region.program, bound)
+    _assert_outputs_close(region.program, vm_out, gpu_out, torch.float32)
+
+
+def test_regions_in_sequence_equal_one_region(rt, llama32):
+    slots, lengths = [1, 4], [9, 20]
+    tokens = torch.tensor([17, 401], device=DEVICE)
+    cache = _cache(llama32, slots, lengths, seed=3)
+    whole = _compile(llama32, RegionSpec.full_step(1), 2)
+    first = _compile(llama32, RegionSpec.layers(0, 1, embed_input=True), 2)
+    second = _compile(llama32, RegionSpec.layers(1, 2, lm_head=True), 2)
+    whole_bound = _to_cuda({**llama_decode_inputs(whole, cache, slots), **_greedy(2)})
+    split_k, split_v = whole_bound["k_cache"].clone(), whole_bound["v_cache"].clone()
+    ref = rt.run_program_cuda(whole.program, {**whole_bound, "tokens": tokens})
+    first_bound = _to_cuda(llama_decode_inputs(first, cache, slots))
+    mid = rt.run_program_cuda(first.program, {**first_bound, "tokens": tokens, "k_cache": split_k, "v_cache": split_v})
+    second_bound = _to_cuda({**llama_decode_inputs(second, cache, slots), **_greedy(2)})
+    end = rt.run_program_cuda(
+        second.program, {**second_bound, "x_in": mid["x_out"], "k_cache": split_k, "v_cache": split_v}
+    )
+    # Each instruction's arithmetic does not depend on the schedule: bit-identical.
+    assert torch.equal(end["s0.logits"], ref["s0.logits"])
+    assert torch.equal(end["s0.tokens"], ref["s0.tokens"])
+    assert torch.equal(split_k, ref["k_cache"]) and torch.equal(split_v, ref["v_cache"])
+
+
+def test_cuda_graph_replay_gives_the_same_result_twice(rt, llama32):
+    slots, lengths = [0, 3, 5], [4, 13, 33]
+    cache = _cache(llama32, slots, lengths, seed=5)
+    region = _compile(llama32, RegionSpec.full_step(2), 3)
+    bound = _to_cuda({**llama_decode_inputs(region, cache, slots, torch.tensor([1, 2, 3])), **_greedy(3)})
+    launch = rt.CudaProgram(region.program).bind(bound)
+    eager = {n: t.clone() for n, t in launch.launch().items()}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        launch.launch(check=False)  # warm-up on the side stream
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            launch.launch(check=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    results = []
+    for _ in range(2):
+        for name in ("s0.logits", "s1.logits", "s0.tokens", "s1.tokens"):
+            launch.tensors[name].fill_(-7)  # a replay must rewrite these
+        graph.replay()
+        launch.check_error()
+        results.append({n: t.clone() for n, t in launch.tensors.items()})
+    for name in ("s0.logits", "s1.logits", "s0.tokens", "s1.tokens", "k_cache", "v_cache"):
+        assert torch.equal(results[0][name], eager[name]), name
+        assert torch.equal(results[1][name], eager[name]), name
+    vm_out = run_program(
+        region.program, {**llama_decode_inputs(region, cache, slots, torch.tensor([1, 2, 3])), **_greedy(3)}
+    )
+    torch.testing.assert_close(results[1]["s1.logits"].cpu(), vm_out["s1.logits"], **_tol(torch.float32))
+
+
+def test_broken_dependency_trips_the_watchdog_not_a_hang(rt, llama32):
+    slots, lengths = [1, 4], [9, 20]
+    cache = _cache(llama32, slots, lengths, seed=3)
+    region = _compile(llama32, RegionSpec.full_step(1), 2)
+    insts = list(region.program.instructions)
+    victim = next(i for i, inst in enumerate(insts) if inst.opcode is Opcode.ATTN_REDUCE)
+    wait = insts[victim].waits[0]
+    insts[victim] = dataclasses.replace(
+        insts[victim], waits=(Wait(counter_id=wait.counter_id, target=wait.target + 1), *insts[victim].waits[1:])
+    )
+    broken = region.program.with_instructions(tuple(insts))
+    bound = _to_cuda({**llama_decode_inputs(region, cache, slots, torch.tensor([3, 4])), **_greedy(2)})
+    start = time.perf_counter()
+    # Blocks waiting downstream of the victim may time out first: any watchdog error is right.
+    with pytest.raises(rt.MegakernelWatchdogError, match="watchdog"):
+        rt.run_program_cuda(broken, bound, watchdog_s=0.05)
+    assert time.perf_counter() - start < 10.0
+    # The device is still usable and the intact program still runs.
+    out = rt.run_program_cuda(region.program, bound)
+    assert torch.isfinite(out["s0.logits"]).all()
+
+
+def test_unsatisfiable_wait_and_bad_token_are_reported(rt):
+    f32, i64 = DType.FLOAT32, DType.INT64
+    names = [("tokens", BufferKind.INPUT, i64, (3,)), ("table", BufferKind.WEIGHT, f32, (10, 4)),
+             ("x1", BufferKind.OUTPUT, f32, (3, 4)), ("x2", BufferKind.OUTPUT, f32, (3, 4))]  # fmt: skip
+    buffers = tuple(BufferSpec(buffer_id=i, name=n, kind=k, dtype=d, shape=s) for i, (n, k, d, s) in enumerate(names))
+    insts = (
+        Instruction(opcode=Opcode.EMBED, tile_start=0, tile_stop=3, inputs=(0, 1), outputs=(2,), signal=0),
+        Instruction(opcode=Opcode.EMBED, tile_start=0, tile_stop=3, inputs=(0, 1), outputs=(3,),
+                    waits=(Wait(counter_id=0, target=1),), signal=1),
+    )  # fmt: skip
+    constants = RegionConstants(batch_size=3, num_heads=1, num_kv_heads=1, head_dim=4, rms_norm_eps=1e-6,
+                                attn_scale=0.5, partition_tokens=1, num_partitions=1)  # fmt: skip
+    table = torch.randn(10, 4, device=DEVICE)
+    good = Program(constants=constants, buffers=buffers, instructions=insts, queues=((1,), (0,)), num_counters=2)
+    out = rt.run_program_cuda(good, {"tokens": torch.tensor([3, 0, 9], device=DEVICE), "table": table})
+    assert torch.equal(out["x2"], table[torch.tensor([3, 0, 9], device=DEVICE)])
+    deadlocked = Program(constants=constants, buffers=buffers, instructions=insts, queues=((1, 0),), num_counters=2)
+    with pytest.raises(rt.MegakernelWatchdogError, match="queue 0 position 0 opcode 1 counter 0 value 0 target 1"):
+        rt.run_program_cuda(deadlocked, {"tokens": torch.tensor([3, 0, 9], device=DEVICE), "table": table},
+                            watchdog_s=0.02)  # fmt: skip
+    with pytest.raises(rt.MegakernelFaultError, match="index out of range"):
+        launch = rt.CudaProgram(good).bind({"tokens": torch.tensor([3, 10, 9], device=DEVICE), "table": table})
+        launch.launch(check=False)
+        launch.check_error()
+
+
+@pytest.mark.parametrize("batch, same_width", [(1, False), (2, True), (7, False)])
+def test_code_predictor_loop_matches_vm(rt, batch, same_width):
+    from models.qwen3_tts.config import Qwen3TTSConfig
+    from models.qwen3_tts.loader import preset_config_dict, randomize_network_
+    from models.qwen3_tts.talker import Talker
+
+    config_dict = preset_config_dict("qwen3-tts-tiny")
+    if same_width:
+        talker_dict = config_dict["talker_config"]
+        talker_dict["code_predictor_config"]["hidden_size"] = talker_dict["hidden_size"]
+    talker = Talker(Qwen3TTSConfig.from_dict(config_dict).talker).eval().requires_grad_(False)
+    randomize_network_(talker, seed=3)
+    predictor = talker.code_predictor
+    gen = torch.Generator().manual_seed(batch)
+    hidden = torch.randn(batch, talker.config.transformer.hidden_size, generator=gen)
+    code0 = talker.embed_codec(torch.randint(0, talker.config.num_audio_codes, (batch,), generator=gen))
+    tiling = TilingConfig(matvec_rows=20, lm_head_rows=12, heads_per_qkv_tile=3, partition_tokens=3)
+    region = compile_region(predictor, RegionSpec.code_predictor_loop(), batch_size=batch, tiling=tiling, num_sms=5)
+    params = [SamplingParams.greedy() if b % 2 == 0 else SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
+              for b in range(batch)]  # fmt: skip
+    bound = {
+        **code_predictor_inputs(region, predictor.new_cache(batch), hidden, code0),
+        **sampling_inputs(params, seeds=[40 + b for b in range(batch)]),
+    }
+    vm_out, gpu_out = _run_both(rt, region.program, bound)
+    _assert_outputs_close(region.program, vm_out, gpu_out, torch.float32)
