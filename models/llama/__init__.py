@@ -1,7 +1,7 @@
 """Llama 3.x decoder: config, model with a slot-based batched KV cache, and weight loading."""
 
 from models.llama.config import LLAMA_PRESETS, LlamaConfig
-from models.llama.model import LlamaForCausalLM, LlamaKVCache, LlamaMLP
+from models.llama.model import LlamaForCausalLM, LlamaKVCache
 from models.llama.weights import load_llama, load_llama_config, random_llama
 
 __all__ = [
@@ -9,7 +9,6 @@ __all__ = [
     "LlamaConfig",
     "LlamaForCausalLM",
     "LlamaKVCache",
-    "LlamaMLP",
     "load_llama",
     "load_llama_config",
     "random_llama",

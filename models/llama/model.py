@@ -4,7 +4,7 @@
 slot and a length. `LlamaForCausalLM.prefill` appends a prompt to one slot, `decode` appends one token
 to each of several slots that sit at different positions (keys past a stream's own position are
 masked). Module and parameter names equal transformers' so checkpoints load by name.
-Imports: torch and models.llama.config only.
+Imports: torch, models.layers and models.llama.config only.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from models.layers import GatedMLP, RMSNorm
 from models.llama.config import LlamaConfig
 
 __all__ = [
@@ -23,9 +23,7 @@ __all__ = [
     "LlamaDecoderLayer",
     "LlamaForCausalLM",
     "LlamaKVCache",
-    "LlamaMLP",
     "LlamaModel",
-    "LlamaRMSNorm",
     "rope_inv_freq",
 ]
 
@@ -70,33 +68,6 @@ class _Embedding(nn.Embedding):
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-class LlamaRMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float, *, device=None, dtype=None) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # fp32 statistics, then back to the input dtype before the weight (transformers' order)
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
-class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). Kept separate so a fused kernel can replace it."""
-
-    def __init__(self, config: LlamaConfig, *, device=None, dtype=None) -> None:
-        super().__init__()
-        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = _Linear(h, i, bias=bias, device=device, dtype=dtype)
-        self.up_proj = _Linear(h, i, bias=bias, device=device, dtype=dtype)
-        self.down_proj = _Linear(i, h, bias=bias, device=device, dtype=dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class LlamaKVCache:
@@ -210,9 +181,11 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self.self_attn = LlamaAttention(config, layer_idx, **kw)
-        self.mlp = LlamaMLP(config, **kw)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        # skip_init: random_llama and load_llama always set the weights (see _Linear)
+        self.mlp = nn.utils.skip_init(GatedMLP, config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
+                                      device=device or torch.get_default_device(), dtype=dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
 
     def forward(self, x, cos, sin, cache, slots, positions, key_mask) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, slots, positions, key_mask)
@@ -225,7 +198,7 @@ class LlamaModel(nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.embed_tokens = _Embedding(config.vocab_size, config.hidden_size, **kw)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, **kw) for i in range(config.num_hidden_layers))
-        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -5,7 +5,7 @@ per-head q/k RMSNorm before RoPE, rotate-half RoPE with cos/sin computed in fp32
 (softmax in fp32), SwiGLU. `KVCache` holds (layers, slots, kv_heads, max_len, head_dim) keys and
 values; a `CacheView` tells one forward which slots it touches and where each row writes, so
 streams at different positions step together in one batched forward.
-Imports: torch only.
+Imports: torch and models.layers only.
 """
 
 from __future__ import annotations
@@ -16,21 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.layers import GatedMLP, RMSNorm
 from models.qwen3_tts.config import TransformerConfig
 
 __all__ = ["CacheView", "DecoderLayer", "DecoderStack", "KVCache", "RMSNorm", "rope_cos_sin"]
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
 
 
 def rope_cos_sin(
@@ -140,22 +129,11 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
-class Mlp(nn.Module):
-    def __init__(self, config: TransformerConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.self_attn = Attention(config)
-        self.mlp = Mlp(config)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

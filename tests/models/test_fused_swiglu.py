@@ -22,7 +22,7 @@ class _Block(nn.Module):
 def test_cpu_keeps_reference_and_on_raises():
     model = load_model("random:llama-tiny", fused_swiglu=FusedSwiglu.AUTO)
     (llama,) = model.torch_modules()
-    assert all(type(layer.mlp).__name__ == "LlamaMLP" for layer in llama.model.layers)
+    assert all(type(layer.mlp).__name__ == "GatedMLP" for layer in llama.model.layers)
     assert "device is cpu" in fused_swiglu_unavailable_reason(torch.device("cpu"), torch.bfloat16)
     with pytest.raises(ValueError, match="fused SwiGLU was asked for but cannot run: device is cpu"):
         apply_fused_swiglu(model.torch_modules(), FusedSwiglu.ON)

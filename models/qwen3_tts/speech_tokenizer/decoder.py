@@ -5,7 +5,7 @@ over the whole utterance), equal to the official `decoder(codes)`. `decode_incre
 per-layer state (causal-conv input tails, transposed-conv overlaps, the last window-1 frames of
 keys/values per attention layer, per-row positions), so decoding any split of an utterance into
 pieces yields the same samples as one `forward` (up to float rounding). Parameter names match
-the official checkpoint (`decoder.*` in speech_tokenizer/model.safetensors). Imports: torch.
+the official checkpoint (`decoder.*` in speech_tokenizer/model.safetensors). Imports: torch, models.layers.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.layers import GatedMLP, RMSNorm
 from models.qwen3_tts.speech_tokenizer.config import SpeechDecoderConfig
 
 __all__ = ["DecoderState", "SpeechTokenizerDecoder"]
@@ -205,19 +206,6 @@ class SplitResidualQuantizer(nn.Module):
 # Sliding-window transformer.
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 and multiply by the weight in the input dtype, as the official code does.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
 class LayerScale(nn.Module):
     def __init__(self, dim: int, init: float):
         super().__init__()
@@ -295,22 +283,11 @@ class Attention(nn.Module):
         return self.o_proj(self._attend(q, k, v, allowed))
 
 
-class Mlp(nn.Module):
-    def __init__(self, config: SpeechDecoderConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class TransformerLayer(nn.Module):
     def __init__(self, config: SpeechDecoderConfig):
         super().__init__()
         self.self_attn = Attention(config)
-        self.mlp = Mlp(config)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
