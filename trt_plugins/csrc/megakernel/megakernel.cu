@@ -363,28 +363,37 @@ __device__ bool op_embed(const Ctx& c, const int* inst) {
   return true;
 }
 
-__device__ bool op_linear_bias(const Ctx& c, const int* inst, float* xs) {
-  const Buf x = get_buf(c, ins_of(inst)[0]), w = get_buf(c, ins_of(inst)[1]);
-  const int bias_id = ins_of(inst)[2];
-  const Buf bias = get_buf(c, bias_id);
-  const Buf y = get_buf(c, outs_of(inst)[0]);
-  const int B = (int)x.dims[0], K = (int)x.dims[1], N = (int)y.dims[1];
+// Runs body(b0, nc) over the batch rows in chunks whose K-wide rows fit the shared staging buffer,
+// with a block barrier after each chunk. False (error raised) when one row does not fit or body fails.
+template <class Body>
+__device__ bool for_each_row_chunk(const Ctx& c, const int* inst, int B, int K, Body&& body) {
   const int step_rows = chunk_rows(K);
   if (step_rows < 1) {  // a row longer than the staging buffer (kXsFloats)
     if (threadIdx.x == 0) raise_error(c, TILEVOX_MK_ERROR_UNSUPPORTED, inst[0], -1, K, kXsFloats);
     return false;
   }
   for (int b0 = 0; b0 < B; b0 += step_rows) {
-    const int nc = min(step_rows, B - b0);
+    if (!body(b0, min(step_rows, B - b0))) return false;
+    __syncthreads();
+  }
+  return true;
+}
+
+__device__ bool op_linear_bias(const Ctx& c, const int* inst, float* xs) {
+  const Buf x = get_buf(c, ins_of(inst)[0]), w = get_buf(c, ins_of(inst)[1]);
+  const int bias_id = ins_of(inst)[2];
+  const Buf bias = get_buf(c, bias_id);
+  const Buf y = get_buf(c, outs_of(inst)[0]);
+  const int B = (int)x.dims[0], K = (int)x.dims[1], N = (int)y.dims[1];
+  return for_each_row_chunk(c, inst, B, K, [&](int b0, int nc) {
     stage_rows(xs, x, b0, nc, K, nullptr, 0.f);
     rows<false>(w.dt, xs, nc, K, w, nullptr, inst[TILEVOX_MK_FIELD_TILE_START], inst[TILEVOX_MK_FIELD_TILE_STOP],
                 [&](int ci, int r, float v, float) {
                   if (bias_id >= 0) v += ld_w(bias, r);
                   st(y, (int64_t)(b0 + ci) * N + r, v);
                 });
-    __syncthreads();
-  }
-  return true;
+    return true;
+  });
 }
 
 __device__ bool op_qkv(const Ctx& c, const int* inst, float* xs, float* hb) {
@@ -400,15 +409,9 @@ __device__ bool op_qkv(const Ctx& c, const int* inst, float* xs, float* hb) {
   const int B = (int)x.dims[0], K = (int)x.dims[1];
   const float eps = c.prm.rms_norm_eps;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int step_rows = chunk_rows(K);
-  if (step_rows < 1) {  // a row longer than the staging buffer (kXsFloats)
-    if (threadIdx.x == 0) raise_error(c, TILEVOX_MK_ERROR_UNSUPPORTED, inst[0], -1, K, kXsFloats);
-    return false;
-  }
   // Cache dims (layers, slots, kv heads, length, D).
   const int64_t c_slots = kc.dims[1], c_heads = kc.dims[2], c_len = kc.dims[3];
-  for (int b0 = 0; b0 < B; b0 += step_rows) {
-    const int nc = min(step_rows, B - b0);
+  return for_each_row_chunk(c, inst, B, K, [&](int b0, int nc) {
     stage_rows(xs, x, b0, nc, K, &ln, eps);
     for (int hs = inst[TILEVOX_MK_FIELD_TILE_START]; hs < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++hs) {
       if (hs > G + 1) {
@@ -471,8 +474,8 @@ __device__ bool op_qkv(const Ctx& c, const int* inst, float* xs, float* hb) {
       }
       __syncthreads();
     }
-  }
-  return true;
+    return true;
+  });
 }
 
 // q (fp32, shared) . cached key row at element offset `base`.
@@ -624,22 +627,15 @@ __device__ bool op_proj_residual(const Ctx& c, const int* inst, float* xs) {
   const Buf a = get_buf(c, ins_of(inst)[0]), w = get_buf(c, ins_of(inst)[1]), x_in = get_buf(c, ins_of(inst)[2]);
   const Buf x_out = get_buf(c, outs_of(inst)[0]);
   const int B = (int)a.dims[0], K = (int)a.dims[1], N = (int)x_out.dims[1];
-  const int step_rows = chunk_rows(K);
-  if (step_rows < 1) {  // a row longer than the staging buffer (kXsFloats)
-    if (threadIdx.x == 0) raise_error(c, TILEVOX_MK_ERROR_UNSUPPORTED, inst[0], -1, K, kXsFloats);
-    return false;
-  }
-  for (int b0 = 0; b0 < B; b0 += step_rows) {
-    const int nc = min(step_rows, B - b0);
+  return for_each_row_chunk(c, inst, B, K, [&](int b0, int nc) {
     stage_rows(xs, a, b0, nc, K, nullptr, 0.f);
     rows<false>(w.dt, xs, nc, K, w, nullptr, inst[TILEVOX_MK_FIELD_TILE_START], inst[TILEVOX_MK_FIELD_TILE_STOP],
                 [&](int ci, int r, float v, float) {
                   const int64_t o = (int64_t)(b0 + ci) * N + r;
                   st(x_out, o, rnd(ld_act(x_in, o) + rnd(v, x_out.dt), x_out.dt));
                 });
-    __syncthreads();
-  }
-  return true;
+    return true;
+  });
 }
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
@@ -649,22 +645,15 @@ __device__ bool op_gateup(const Ctx& c, const int* inst, float* xs) {
             wu = get_buf(c, ins_of(inst)[3]);
   const Buf h = get_buf(c, outs_of(inst)[0]);
   const int B = (int)x.dims[0], K = (int)x.dims[1], N = (int)h.dims[1];
-  const int step_rows = chunk_rows(K);
-  if (step_rows < 1) {  // a row longer than the staging buffer (kXsFloats)
-    if (threadIdx.x == 0) raise_error(c, TILEVOX_MK_ERROR_UNSUPPORTED, inst[0], -1, K, kXsFloats);
-    return false;
-  }
   const int dt = h.dt;
-  for (int b0 = 0; b0 < B; b0 += step_rows) {
-    const int nc = min(step_rows, B - b0);
+  return for_each_row_chunk(c, inst, B, K, [&](int b0, int nc) {
     stage_rows(xs, x, b0, nc, K, &ln, c.prm.rms_norm_eps);
     rows<true>(wg.dt, xs, nc, K, wg, &wu, inst[TILEVOX_MK_FIELD_TILE_START], inst[TILEVOX_MK_FIELD_TILE_STOP],
                [&](int ci, int r, float g, float u) {
                  st(h, (int64_t)(b0 + ci) * N + r, rnd(silu(rnd(g, dt)), dt) * rnd(u, dt));
                });
-    __syncthreads();
-  }
-  return true;
+    return true;
+  });
 }
 
 __device__ bool op_lmhead(const Ctx& c, const int* inst, float* xs) {
@@ -674,21 +663,14 @@ __device__ bool op_lmhead(const Ctx& c, const int* inst, float* xs) {
   const Buf xn = get_buf(c, xn_id);
   const int B = (int)x.dims[0], K = (int)x.dims[1], N = (int)logits.dims[1];
   const int r0 = inst[TILEVOX_MK_FIELD_TILE_START];
-  const int step_rows = chunk_rows(K);
-  if (step_rows < 1) {  // a row longer than the staging buffer (kXsFloats)
-    if (threadIdx.x == 0) raise_error(c, TILEVOX_MK_ERROR_UNSUPPORTED, inst[0], -1, K, kXsFloats);
-    return false;
-  }
-  for (int b0 = 0; b0 < B; b0 += step_rows) {
-    const int nc = min(step_rows, B - b0);
+  return for_each_row_chunk(c, inst, B, K, [&](int b0, int nc) {
     stage_rows(xs, x, b0, nc, K, &nw, c.prm.rms_norm_eps);
     if (r0 == 0 && xn_id >= 0)
       for (int idx = threadIdx.x; idx < nc * K; idx += kThreads) st(xn, (int64_t)b0 * K + idx, xs[idx]);
     rows<false>(w.dt, xs, nc, K, w, nullptr, r0, inst[TILEVOX_MK_FIELD_TILE_STOP],
                 [&](int ci, int r, float v, float) { st(logits, (int64_t)(b0 + ci) * N + r, v); });
-    __syncthreads();
-  }
-  return true;
+    return true;
+  });
 }
 
 // Order-preserving map of a float to uint32 (larger float -> larger key; -inf lowest of non-NaN).
