@@ -1,11 +1,11 @@
-"""Llama-1B full decode step: the CUDA megakernel (v1, CUDA-core matrix-vector) vs LlamaForCausalLM.decode.
+"""Megakernel vs the same model's conventional PyTorch path: Llama-1B decode steps and Qwen3-TTS frames.
 
-Random bf16 weights on the GPU (models.llama "1b" preset), streams at context `--context` in a cache of
-`--max-context` positions, one region per batch size compiled for the device's SM count. Times with CUDA
-events (median of `--iters`): the megakernel launched eagerly and replayed from a CUDA graph, and the
-conventional eager decode. Also the device-to-device copy bandwidth of the same run, the achieved weight
-bandwidth, and a one-step agreement check (max |logit diff|, greedy token agreement) against decode.
-Usage: python benchmarks/megakernel_h200.py --out results.json [--commit SHA]
+Rows: a full Llama decode step (Llama-3.2-1B tied 128,256 vocabulary = the issue's target, and Llasa-1B's
+untied 193,800) and one Qwen3-TTS-0.6B frame (15 predictor steps + talker step), per batch size. Each
+row times (CUDA events, medians) the megakernel launched eagerly and replayed from a CUDA graph, and the
+conventional path eagerly, from a CUDA graph and under torch.compile(mode="reduce-overhead"); bytes read
+per step, achieved bandwidth as % of a device-to-device copy measured in the same run, and the targets.
+CPU smoke: --device cpu --executor vm --llama-variants tiny --qwen-preset qwen3-tts-tiny --no-compile.
 """
 
 from __future__ import annotations
@@ -13,168 +13,543 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
-from engine_builder.regions import RegionSpec, TilingConfig, compile_region
-from engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
-from models.llama.config import LlamaConfig
-from models.llama.weights import random_llama
-from models.sampling import SamplingParams
-from trt_plugins.megakernel import run_program
-from trt_plugins.megakernel.runtime import CudaProgram
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
 
-# 64-key attention partitions: 16 per kv group at max context 1024, so attention spreads over more SMs.
-TILING = TilingConfig(min_partition_tokens=64)
+from benchmarks.megakernel_conventional import (  # noqa: E402
+    LLAMA_VARIANTS,
+    ConventionalLlamaStep,
+    ConventionalQwenFrame,
+    llama_step_bytes,
+    o1_random_llama,
+    qwen_frame_bytes,
+    random_talker,
+)
+from benchmarks.megakernel_correctness import Launcher  # noqa: E402
+from engine_builder.regions import RegionSpec, TilingConfig, compile_region  # noqa: E402
+from engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs  # noqa: E402
+from models.qwen3_tts.talker import Talker  # noqa: E402
+from models.sampling import SamplingParams  # noqa: E402
+
+TILING = TilingConfig(min_partition_tokens=64)  # as benchmarks/megakernel_correctness.py
+FLOOR_BANDWIDTH_BYTES_S = 4.8e12  # H200 HBM3e peak: the issue's weight-read floor
+# The issue's targets (batch 1 only): Llama-3.2-1B full step and one Qwen3-TTS-0.6B frame.
+TARGET_MS = {("llama-3.2-1b", 1): 0.65, ("qwen3-tts-0.6b", 1): 1.0}
 
 
-def _median_ms(fn, iters: int, warmup: int = 3, before=None) -> float:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn: Callable[[], object], *, iters: int, warmup: int, device: torch.device,
+              before: Callable[[], object] | None = None) -> float:  # fmt: skip
+    """Median over `iters` runs of `fn`: CUDA events on a GPU, wall clock (after a sync) on CPU.
+    `before` runs ahead of each run, outside the timed span (e.g. resetting positions)."""
     for _ in range(warmup):
-        if before:
+        if before is not None:
             before()
         fn()
     times = []
     for _ in range(iters):
-        if before:
+        if before is not None:
             before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
-def _copy_bandwidth_gbs(iters: int) -> float:
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+def copy_bandwidth_gbs(device: torch.device, *, iters: int) -> float:
+    """Device-to-device copy of 1 GiB (64 MiB on CPU): bytes read + written per second."""
+    src = torch.empty((1 << 30) if device.type == "cuda" else (1 << 26), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = _median_ms(lambda: dst.copy_(src), iters)
-    return 2 * src.numel() / (ms * 1e-3) / 1e9  # bytes read + written
+    ms = median_ms(lambda: dst.copy_(src), iters=iters, warmup=3, device=device)
+    return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
-def _bench_batch(model, batch: int, context: int, max_context: int, iters: int, num_sms: int, vm_check: bool) -> dict:
+def capture(fn: Callable[[], object], device: torch.device,
+            before: Callable[[], object] | None = None) -> Callable[[], object]:  # fmt: skip
+    """Capture `fn` in a CUDA graph after warm-up runs on a side stream; returns the replay. `before`
+    runs ahead of each warm-up run and of the capture, outside the graph."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            if before is not None:
+                before()
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    if before is not None:
+        before()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+class Timer:
+    """Measures one row's variants, recording an error message (not a number) for a variant that fails."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
+        self.args = args
+        self.device = device
+
+    def time(self, fn: Callable[[], object], before: Callable[[], object] | None = None) -> dict:
+        try:
+            return {"ms": median_ms(fn, iters=self.args.iters, warmup=self.args.warmup, device=self.device,
+                                    before=before)}  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - reported in the row and the table; the other variants still run
+            _sync_quietly(self.device)
+            return {"error": _error(exc)}
+
+    def graph(self, fn: Callable[[], object], before: Callable[[], object] | None = None) -> dict:
+        if self.device.type != "cuda":
+            return {"skipped": "CUDA graphs need a CUDA device"}
+        try:
+            replay = capture(fn, self.device, before)
+        except Exception as exc:  # noqa: BLE001 - a capture failure is a result of this benchmark: report it
+            _sync_quietly(self.device)
+            return {"error": f"capture failed: {_error(exc)}"}
+        return self.time(replay, before)
+
+    def compiled(self, fn: Callable[[], None], mark_static: Callable[[], None], batch: int,
+                 before: Callable[[], object] | None = None) -> dict:  # fmt: skip
+        """torch.compile(fn, mode="reduce-overhead", fullgraph=True): wall-clock of the first call (the
+        compile), then the timing; Dynamo/Inductor counters show whether CUDA graphs were skipped."""
+        args = self.args
+        if args.no_compile:
+            return {"skipped": "--no-compile"}
+        if args.compile_batches is not None and batch not in args.compile_batches:
+            return {"skipped": f"batch {batch} not in --compile-batches"}
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()  # a fresh cache per row: no recompile limit across rows
+        counters.clear()
+        # Inductor logs why it skips CUDA graphs (e.g. a mutated non-static input) on the "cudagraphs"
+        # artifact logger of torch._inductor.cudagraph_utils (on CPU it only counts the skip).
+        torch._logging.set_logs(cudagraphs=True)
+        cudagraphs_log = logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs")
+        skips = _Messages()
+        cudagraphs_log.addHandler(skips)
+        try:
+            result = self._compiled(fn, mark_static, before)
+        finally:
+            cudagraphs_log.removeHandler(skips)
+        if "ms" in result:
+            result["cudagraph_skips"] = dict(counters["inductor"]).get("cudagraph_skips", 0)
+            result["cudagraph_skip_reasons"] = skips.messages[:5]
+            result["graph_breaks"] = sum(counters["graph_break"].values())
+        return result
+
+    def _compiled(self, fn: Callable[[], None], mark_static: Callable[[], None],
+                  before: Callable[[], object] | None) -> dict:  # fmt: skip
+        args = self.args
+        mark_static()
+        mode = "reduce-overhead" if args.compile_backend == "inductor" else None
+        compiled_fn = torch.compile(fn, backend=args.compile_backend, mode=mode, fullgraph=True)
+
+        def call() -> None:
+            torch.compiler.cudagraph_mark_step_begin()
+            compiled_fn()
+
+        t0 = time.perf_counter()
+        try:
+            if before is not None:
+                before()
+            call()
+            _sync(self.device)
+        except Exception as exc:  # noqa: BLE001 - a graph break (fullgraph) or a compile error: report it
+            _sync_quietly(self.device)
+            return {"error": f"compile failed: {_error(exc)}", "compile_wall_s": time.perf_counter() - t0}
+        compile_s = time.perf_counter() - t0
+        print(f"    torch.compile ({args.compile_backend}, {mode}) first call: {compile_s:.1f} s", flush=True)
+        result = self.time(call, before)
+        result["compile_wall_s"] = compile_s
+        return result
+
+
+class _Messages(logging.Handler):
+    """Collects the messages of one logger (Inductor's CUDA-graph skip reasons)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _sync_quietly(device: torch.device) -> None:
+    """Synchronize after a failure; a sticky CUDA error then shows in the next variant's message."""
+    if device.type == "cuda":
+        try:
+            torch.cuda.synchronize(device)
+        except RuntimeError as exc:
+            print(f"    device error after a failure: {_error(exc)}", flush=True)
+
+
+def _ms(entry: dict) -> float | None:
+    return entry.get("ms")
+
+
+def _finish_row(row: dict, copy_gbs: float) -> dict:
+    """Ratios, bandwidth and target distance from the timings and byte counts."""
+    total = row["bytes"]["total_bytes"]
+    mk = _ms(row["megakernel_graph"]) or _ms(row["megakernel_eager"])
+    row["floor_ms_at_4p8_tbs"] = total / FLOOR_BANDWIDTH_BYTES_S * 1e3
+    for name in ("megakernel_eager", "megakernel_graph", "conventional_eager", "conventional_graph",
+                 "conventional_compiled"):  # fmt: skip
+        ms = _ms(row[name])
+        if ms is not None:
+            row[name]["gbs"] = total / (ms * 1e-3) / 1e9
+            row[name]["pct_of_copy_bw"] = 100.0 * row[name]["gbs"] / copy_gbs
+    for name in ("conventional_eager", "conventional_graph", "conventional_compiled"):
+        ms = _ms(row[name])
+        row[f"speedup_vs_{name}"] = ms / mk if (ms is not None and mk is not None) else None
+    target = TARGET_MS.get((row["variant"], row["batch"]))
+    row["target_ms"] = target
+    row["x_of_target"] = mk / target if (target is not None and mk is not None) else None
+    return row
+
+
+def _greedy(batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+    inputs = sampling_inputs([SamplingParams.greedy()] * batch, seeds=list(range(batch)))
+    return {name: t.to(device) for name, t in inputs.items()}
+
+
+def _kernel_error(run: Callable[[], object], device: torch.device) -> str | None:
+    """None, or the message of a megakernel error (watchdog, fault, launch status) raised by `run`."""
+    try:
+        run()
+    except Exception as exc:  # noqa: BLE001 - a megakernel error is a result: recorded in the row
+        _sync_quietly(device)
+        return _error(exc)
+    return None
+
+
+def _time_megakernel(row: dict, launch: Callable[[], object], check_error: Callable[[], None],
+                     first_error: str | None, timer: Timer, args) -> None:  # fmt: skip
+    """Eager and CUDA-graph timings of a megakernel launch; an error at the first launch or in any
+    timed launch (checked once afterwards) replaces the timings with the error."""
+    if first_error is not None:
+        row["megakernel_eager"] = row["megakernel_graph"] = {"error": first_error}
+        return
+    row["megakernel_eager"] = timer.time(launch)
+    row["megakernel_graph"] = timer.graph(launch) if args.executor == "cuda" else {"skipped": "VM executor"}
+    later_error = _kernel_error(check_error, timer.device)
+    if later_error is not None:
+        row["megakernel_eager"] = row["megakernel_graph"] = {"error": f"in a timed launch: {later_error}"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pending:
+    """A row's conventional step, kept alive to be compiled after all rows' other timings: a slow
+    torch.compile (minutes) under a timeout then costs only its own column."""
+
+    row: dict
+    fn: Callable[[], None]
+    mark_static: Callable[[], None]
+    before: Callable[[], object] | None
+
+
+def bench_llama(variant: str, batch: int, args, timer: Timer, model, copy_gbs: float) -> tuple[dict, Pending]:
+    device = model.device
+    context, max_context = args.context, args.context + args.headroom
     slots = list(range(batch))
     cache = model.new_cache(max_streams=batch, max_seq_len=max_context)
     for _ in slots:
         cache.allocate()
-    gen = torch.Generator(device="cuda").manual_seed(batch)
-    cache.k.normal_(0.0, 1.0, generator=gen)
-    cache.v.normal_(0.0, 1.0, generator=gen)
-
-    def reset_lengths():
-        cache.lengths = [context] * batch
-
-    reset_lengths()
+    gen = torch.Generator(device=device).manual_seed(batch)
+    cache.k.normal_(generator=gen)
+    cache.v.normal_(generator=gen)
+    cache.lengths = [context] * batch
     region = compile_region(model, RegionSpec.full_step(1), batch_size=batch, max_context=max_context,
-                            num_cache_slots=batch, cache_len=max_context, num_sms=num_sms,
-                            tiling=TILING)  # fmt: skip
-    tokens = torch.randint(0, model.config.vocab_size, (batch,), device="cuda", generator=gen)
-    bound = {
-        **llama_decode_inputs(region, cache, slots, tokens),
-        **sampling_inputs([SamplingParams.greedy()] * batch, seeds=slots),
-    }
-    bound = {name: t.to("cuda") for name, t in bound.items()}
-    launch = CudaProgram(region.program).bind(bound)
-    k_before, v_before = cache.k.clone(), cache.v.clone()
-    out = launch.launch(check=True)
-    mk_logits = out["s0.logits"].float().clone()
-    mk_tokens = out["s0.tokens"].clone()
-    vm_agreement = None
-    if vm_check:  # the oracle on the same device, same program, same inputs
-        vm = run_program(region.program, {**bound, "k_cache": k_before, "v_cache": v_before})
-        vm_agreement = {
-            "max_abs_logit_diff": float((mk_logits - vm["s0.logits"].float()).abs().max()),
-            "greedy_token_agreement": float((mk_tokens == vm["s0.tokens"]).float().mean()),
-            "max_abs_k_cache_diff_vs_vm": float((cache.k.float() - vm["k_cache"].float()).abs().max()),
-            "max_abs_v_cache_diff_vs_vm": float((cache.v.float() - vm["v_cache"].float()).abs().max()),
-        }
-        del vm
-    del k_before, v_before
-    reset_lengths()
-    with torch.no_grad():
-        ref_logits = model.decode(cache, slots, tokens).float()
-    agreement = {
-        "max_abs_logit_diff": float((mk_logits - ref_logits).abs().max()),
-        "logit_scale_max_abs": float(ref_logits.abs().max()),
-        "greedy_token_agreement": float((mk_tokens == ref_logits.argmax(-1)).float().mean()),
-    }
-    mk_eager = _median_ms(lambda: launch.launch(check=False), iters)
-    launch.check_error()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        launch.launch(check=False)
-    torch.cuda.current_stream().wait_stream(stream)
-    mk_graph = _median_ms(graph.replay, iters)
-    launch.check_error()
-
-    def conventional():
-        with torch.no_grad():
-            model.decode(cache, slots, tokens)
-
-    conv_eager = _median_ms(conventional, iters, before=reset_lengths)
-    seen = set()
-    weight_bytes = 0
-    for t in region.weights.values():
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            weight_bytes += t.numel() * t.element_size()
-    return {
-        "batch": batch,
-        "context": context,
-        "instructions": len(region.program.instructions),
-        "queues": len(region.program.queues),
-        "predicted_ms": region.predicted_time_s * 1e3,
-        "megakernel_eager_ms": mk_eager,
-        "megakernel_graph_ms": mk_graph,
-        "conventional_eager_ms": conv_eager,
-        "weight_bytes": weight_bytes,
-        "megakernel_weight_gbs": weight_bytes / (mk_graph * 1e-3) / 1e9,
-        "agreement_vs_decode": agreement,
-        "agreement_vs_vm": vm_agreement,
-    }
+                            num_cache_slots=batch, cache_len=max_context, tiling=TILING, num_sms=args.num_sms)  # fmt: skip
+    tokens = torch.randint(0, model.config.vocab_size, (batch,), generator=gen, device=device)
+    bound = {**llama_decode_inputs(region, cache, slots, tokens), **_greedy(batch, device)}
+    mk = Launcher(region.program, {n: t.to(device) for n, t in bound.items()}, args.executor)
+    conv = ConventionalLlamaStep(model, cache, slots, [context] * batch, num_keys=max_context)
+    # Agreement at one step (both bf16, same cache contents, same position): a sanity check of what is timed.
+    conv.tokens.copy_(tokens)
+    conv_logits = conv.logits().float()
+    first_error = _kernel_error(lambda: (mk.launch(), mk.check_error()), device)
+    if first_error is None:
+        mk_logits = mk.tensors["s0.logits"].float()
+        agreement = {"max_abs_logit_diff": float((mk_logits - conv_logits).abs().max()),
+                     "max_abs_logit": float(conv_logits.abs().max()),
+                     "greedy_token_agreement": float((mk.tensors["s0.tokens"] == conv_logits.argmax(-1)).float().mean())}  # fmt: skip
+    else:
+        agreement = {"error": first_error}
+    row = {"model": "llama", "variant": variant, "batch": batch, "context": context, "max_context": max_context,
+           "instructions": len(region.program.instructions), "predicted_ms": region.predicted_time_s * 1e3,
+           "bytes": llama_step_bytes(model.config, [context + 1] * batch, model.dtype.itemsize),
+           "agreement_one_step": agreement}  # fmt: skip
+    print(f"  {variant} batch {batch}: megakernel", flush=True)
+    _time_megakernel(row, mk.launch, mk.check_error, first_error, timer, args)
+    print(f"  {variant} batch {batch}: conventional", flush=True)
+    row["conventional_eager"] = timer.time(conv, before=conv.reset)
+    row["conventional_graph"] = timer.graph(conv, before=conv.reset)
+    row["conventional_compiled"] = {"skipped": "pending (compiled after every row's other timings)"}
+    pending = Pending(row=row, fn=conv.__call__, mark_static=conv.mark_static, before=conv.reset)
+    return _finish_row(row, copy_gbs), pending
 
 
-def main() -> None:
+class MegakernelQwenFrame:
+    """One frame through two megakernel regions plus conventional glue, on static buffers: the
+    CODE_PREDICTOR_LOOP region (talker hidden + codebook-0 embedding -> codes 1..Q-1), the frame
+    embedding sum (+ text row) into the talker region's `x_in`, the talker-step region (layers + codec
+    head + greedy sampling; its `x_normed` output is the predictor's next `hidden`, its token the next
+    codebook 0), and the codebook-0 embedding for the next frame. Capturable in one CUDA graph."""
+
+    def __init__(self, talker: Talker, frame: ConventionalQwenFrame, *, batch: int, context: int, cache_len: int,
+                 args: argparse.Namespace) -> None:  # fmt: skip
+        device = frame.hidden.device
+        num_layers = talker.config.transformer.num_layers
+        self.talker = talker
+        self.num_codes = talker.config.num_code_groups
+        self.talker_region = compile_region(
+            talker, RegionSpec.layers(0, num_layers, lm_head=True), batch_size=batch, max_context=cache_len,
+            num_cache_slots=batch, cache_len=cache_len, tiling=TILING, num_sms=args.num_sms,
+        )  # fmt: skip
+        self.predictor_region = compile_region(talker.code_predictor, RegionSpec.code_predictor_loop(),
+                                               batch_size=batch, tiling=TILING, num_sms=args.num_sms)  # fmt: skip
+        self.hidden = frame.hidden.clone()
+        self.code0 = frame.code0.clone()
+        self.text_row = frame.text_row
+        self.code0_embedding = talker.embed_codec(self.code0)
+        self.x_in = torch.empty_like(self.hidden)
+        self.frame_codes = torch.zeros(batch, self.num_codes, dtype=torch.int64, device=device)  # (B, Q)
+        talker_bound = {
+            **self.talker_region.weights, "x_in": self.x_in, "x_normed": self.hidden, "s0.tokens": self.code0,
+            "positions": torch.full((batch,), context, dtype=torch.int64, device=device),
+            "slots": torch.arange(batch, device=device), "k_cache": frame.cache.keys, "v_cache": frame.cache.values,
+            **_greedy(batch, device),
+        }  # fmt: skip
+        predictor_bound = {
+            **code_predictor_inputs(self.predictor_region, talker.code_predictor.new_cache(batch), self.hidden,
+                                    self.code0_embedding),
+            **_greedy(batch, device),
+        }  # fmt: skip
+        # .to(device): inv_freq is computed on the CPU; device tensors pass through as themselves.
+        self.talker_launch = Launcher(
+            self.talker_region.program, {n: t.to(device) for n, t in talker_bound.items()}, args.executor
+        )
+        self.predictor_launch = Launcher(
+            self.predictor_region.program, {n: t.to(device) for n, t in predictor_bound.items()}, args.executor
+        )
+
+    def __call__(self) -> None:
+        self.predictor_launch.launch()
+        rest = [self.predictor_launch.tensors[f"s{j}.tokens"] for j in range(1, self.num_codes)]
+        self.frame_codes.copy_(torch.stack([self.code0, *rest], dim=1))  # the frame, as the conventional keeps it
+        self.x_in.copy_(self.talker.embed_frame(self.frame_codes) + self.text_row)  # (B, H)
+        self.talker_launch.launch()  # hidden <- final-norm hidden, code0 <- greedy codec token
+        self.code0_embedding.copy_(self.talker.embed_codec(self.code0))
+
+    def check_error(self) -> None:
+        self.predictor_launch.check_error()
+        self.talker_launch.check_error()
+
+
+def bench_qwen(preset: str, batch: int, args, timer: Timer, talker: Talker, copy_gbs: float) -> tuple[dict, Pending]:
+    context = args.qwen_context
+    cache_len = context + args.headroom
+    conv = ConventionalQwenFrame(talker, batch=batch, context=context, cache_len=cache_len, seed=batch)
+    mk = MegakernelQwenFrame(talker, conv, batch=batch, context=context, cache_len=cache_len, args=args)
+    # Agreement on one frame from the same state (bf16 both; greedy near-ties can differ).
+    first_error = _kernel_error(lambda: (mk(), mk.check_error()), timer.device)
+    mk_codes, mk_next = mk.frame_codes.clone(), mk.code0.clone()
+    mk_hidden = mk.hidden.float()
+    conv()
+    agreement = {"error": first_error} if first_error is not None else {
+        "frame_code_agreement": float((mk_codes == conv.codes).float().mean()),
+        "next_code0_agreement": float((mk_next == conv.code0).float().mean()),
+        "max_abs_hidden_diff": float((mk_hidden - conv.hidden.float()).abs().max()),
+    }  # fmt: skip
+    row = {"model": "qwen3-tts", "variant": preset, "batch": batch, "context": context, "max_context": cache_len,
+           "instructions": len(mk.talker_region.program.instructions) + len(mk.predictor_region.program.instructions),
+           "predicted_ms": (mk.talker_region.predicted_time_s + mk.predictor_region.predicted_time_s) * 1e3,
+           "bytes": qwen_frame_bytes(talker, batch=batch, context=context, element_size=talker.codec_head.weight.itemsize),
+           "agreement_one_frame": agreement}  # fmt: skip
+    print(f"  {preset} batch {batch}: megakernel", flush=True)
+    _time_megakernel(row, mk, mk.check_error, first_error, timer, args)
+    print(f"  {preset} batch {batch}: conventional", flush=True)
+    row["conventional_eager"] = timer.time(conv)
+    row["conventional_graph"] = timer.graph(conv)
+    row["conventional_compiled"] = {"skipped": "pending (compiled after every row's other timings)"}
+    return _finish_row(row, copy_gbs), Pending(row=row, fn=conv.__call__, mark_static=conv.mark_static, before=None)
+
+
+def _cell(entry: dict) -> str:
+    if "ms" in entry:
+        return f"{entry['ms']:8.3f}"
+    return f"{'err' if 'error' in entry else '-':>8}"
+
+
+def _opt(value: float | None, fmt: str) -> str:
+    return format(value, fmt) if value is not None else f"{'-':>{len(format(1.0, fmt))}}"
+
+
+HEADER = (f"{'model':<15} {'batch':>5} {'mk eager':>8} {'mk graph':>8} {'cv eager':>8} {'cv graph':>8} "
+          f"{'compiled':>8} {'xgraph':>6} {'xcomp':>6} {'GB':>6} {'%copy':>6} {'floor':>6} {'target':>6} {'x tgt':>6}")  # fmt: skip
+
+
+def format_row(r: dict) -> str:
+    mk = r["megakernel_graph"] if "ms" in r["megakernel_graph"] else r["megakernel_eager"]
+    return (f"{r['variant']:<15} {r['batch']:5d} {_cell(r['megakernel_eager'])} {_cell(r['megakernel_graph'])} "
+            f"{_cell(r['conventional_eager'])} {_cell(r['conventional_graph'])} {_cell(r['conventional_compiled'])} "
+            f"{_opt(r['speedup_vs_conventional_graph'], '6.2f')} {_opt(r['speedup_vs_conventional_compiled'], '6.2f')} "
+            f"{r['bytes']['total_bytes'] / 1e9:6.3f} {_opt(mk.get('pct_of_copy_bw'), '6.1f')} "
+            f"{r['floor_ms_at_4p8_tbs']:6.3f} {_opt(r['target_ms'], '6.2f')} {_opt(r['x_of_target'], '6.2f')}")  # fmt: skip
+
+
+def format_table(report: dict) -> str:
+    title = (f"megakernel vs conventional on {report['device']}: ms are CUDA-event medians; xgraph / xcomp = "
+             f"conventional graph / compiled time over the megakernel's (graph, else eager); %copy of "
+             f"{report['copy_bandwidth_gbs']:.0f} GB/s; floor = bytes at 4.8 TB/s")  # fmt: skip
+    lines = [title, HEADER]
+    lines += [format_row(r) for r in report["rows"]]
+    notes = [f"  {r['variant']} b{r['batch']} {name}: {r[name]['error']}" for r in report["rows"]
+             for name in ("megakernel_eager", "megakernel_graph", "conventional_eager", "conventional_graph",
+                          "conventional_compiled") if "error" in r[name]]  # fmt: skip
+    return "\n".join(lines + (["errors:"] + notes if notes else []))
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--commit", default="unknown")
-    parser.add_argument("--batches", default="1,8,32")
-    parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--max-context", type=int, default=1024)
-    parser.add_argument("--iters", type=int, default=25)
-    parser.add_argument("--vm-check-batches", default="8", help="batches also run through the VM oracle")
-    args = parser.parse_args()
-    props = torch.cuda.get_device_properties(0)
-    model = random_llama(LlamaConfig.preset("1b"), seed=0, device="cuda", dtype=torch.bfloat16)
-    copy_gbs = _copy_bandwidth_gbs(args.iters)
-    rows = []
-    for batch in (int(b) for b in args.batches.split(",")):
-        vm_check = str(batch) in args.vm_check_batches.split(",")
-        row = _bench_batch(model, batch, args.context, args.max_context, args.iters, props.multi_processor_count, vm_check)
-        row["megakernel_weight_bw_pct_of_copy"] = 100.0 * row["megakernel_weight_gbs"] / copy_gbs
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    result = {
-        "benchmark": "llama-1b full decode step: megakernel v1 vs conventional eager decode",
-        "device": props.name,
-        "num_sms": props.multi_processor_count,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    parser.add_argument("--out", type=Path, required=True, help="JSON output path (rewritten after every row)")
+    parser.add_argument("--commit", default="unknown", help="git commit recorded in the JSON")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--executor", default="cuda", choices=["cuda", "vm"])
+    parser.add_argument("--batches", type=_ints, default=(1, 8, 32))
+    parser.add_argument("--llama-variants", default="llama-3.2-1b,llasa-1b",
+                        help=f"comma list of {sorted(LLAMA_VARIANTS)}, or 'none'")
+    parser.add_argument("--qwen-preset", default="qwen3-tts-0.6b", help="Qwen3-TTS preset, or 'none'")
+    parser.add_argument("--context", type=int, default=512, help="cached tokens per Llama stream")
+    parser.add_argument("--qwen-context", type=int, default=256, help="cached talker tokens per Qwen stream")
+    parser.add_argument("--headroom", type=int, default=16, help="max_context = context + headroom (attention "
+                        "keys of the conventional step under graphs, which reads a static key count)")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5, help=">= 3: reduce-overhead records its graph on call 2-3")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (it takes minutes)")
+    parser.add_argument("--compile-batches", type=_ints, default=None, help="compile only at these batches")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="inductor (with mode reduce-overhead); eager/aot_eager check tracing only")
+    parser.add_argument("--num-sms", type=int, default=None, help="queues (default: the GPU's SMs; 8 on CPU)")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but no CUDA GPU is visible")
+    # An explicit index: the megakernel binding compares devices, and cuda != cuda:0.
+    args.device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    if min(args.batches) < 1 or args.iters < 1 or args.context < 1 or args.qwen_context < 1 or args.headroom < 1:
+        parser.error("--batches, --iters, --context, --qwen-context and --headroom must be >= 1")
+    if args.warmup < 3:
+        parser.error("--warmup must be >= 3 (CUDA-graph trees warm up, then record, then replay)")
+    args.llama_variants = [] if args.llama_variants == "none" else args.llama_variants.split(",")
+    unknown = [v for v in args.llama_variants if v not in LLAMA_VARIANTS]
+    if unknown:
+        parser.error(f"unknown --llama-variants {unknown}; known: {sorted(LLAMA_VARIANTS)}")
+    if args.executor == "cuda" and args.device.type != "cuda":
+        parser.error("--executor cuda needs --device cuda")
+    if args.num_sms is None:
+        args.num_sms = torch.cuda.get_device_properties(args.device).multi_processor_count if args.device.type == "cuda" else 8
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = args.device
+    started = time.perf_counter()
+    copy_gbs = copy_bandwidth_gbs(device, iters=args.iters)
+    print(f"device-to-device copy: {copy_gbs:.0f} GB/s", flush=True)
+    report = {
+        "benchmark": "megakernel vs conventional: Llama-1B decode step and Qwen3-TTS frame",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "num_sms": args.num_sms,
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": args.commit,
-        "torch": torch.__version__,
-        "timing": f"CUDA events, median of {args.iters} after 3 warm-ups",
+        "torch_version": torch.__version__,
+        "executor": args.executor,
+        "timing": f"CUDA events (wall clock on CPU), median of {args.iters} after {args.warmup} warm-ups",
         "copy_bandwidth_gbs": copy_gbs,
-        "tiling": {"min_partition_tokens": TILING.min_partition_tokens, "matvec_rows": TILING.matvec_rows,
-                   "lm_head_rows": TILING.lm_head_rows},
-        "conventional_graph": "not measured: LlamaForCausalLM.decode builds masks from host-side lengths",
-        "rows": rows,
+        "tiling": asdict(TILING),
+        "bytes_rule": "what one step / frame must read: every layer matrix and norm, final norm, head(s) once "
+        "(a tied head once), predictor layers once per head (15 passes), one embedding row per stream and "
+        "code, K/V over each row's context + 1 keys; the same count for every path",
+        "conventional": "benchmarks/megakernel_conventional.py: static device tensors; the Llama step attends "
+        "a static max_context keys (masked); the Qwen frame re-runs one talker position",
+        "weights": "seeded random bf16 (Llama: o1_random_llama; Qwen: randomize_network_)",
+        "args": {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, torch.device) else v)
+                 for k, v in vars(args).items() if k != "out"},  # fmt: skip
+        "rows": [],
     }
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    timer = Timer(args, device)
+
+    def save() -> None:
+        report["wall_s"] = time.perf_counter() - started
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))  # after every row: partial results survive a timeout
+
+    pending: list[Pending] = []
+
+    def add(result: tuple[dict, Pending]) -> None:
+        row, compile_later = result
+        report["rows"].append(row)
+        pending.append(compile_later)
+        print(format_row(row), flush=True)
+        _sync(device)
+        save()
+
+    print(HEADER, flush=True)
+    with torch.inference_mode():
+        for variant in args.llama_variants:
+            model = o1_random_llama(LLAMA_VARIANTS[variant], seed=0, device=device, dtype=torch.bfloat16)
+            for batch in args.batches:
+                add(bench_llama(variant, batch, args, timer, model, copy_gbs))
+        if args.qwen_preset != "none":
+            talker = random_talker(args.qwen_preset, seed=0, device=device, dtype=torch.bfloat16)
+            for batch in args.batches:
+                add(bench_qwen(args.qwen_preset, batch, args, timer, talker, copy_gbs))
+        # torch.compile last, rows with a target first (the issue's comparisons), then by batch.
+        pending.sort(key=lambda p: (p.row["target_ms"] is None, p.row["batch"]))
+        for p in pending:
+            print(f"  {p.row['variant']} batch {p.row['batch']}: torch.compile", flush=True)
+            p.row["conventional_compiled"] = timer.compiled(p.fn, p.mark_static, p.row["batch"], before=p.before)
+            _finish_row(p.row, copy_gbs)
+            print(format_row(p.row), flush=True)
+            save()
+    print(format_table(report))
+    print(f"wrote {args.out} ({time.perf_counter() - started:.1f} s)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -36,13 +36,48 @@ def _add_synth(subparsers) -> None:
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
     p.add_argument("--fused-swiglu", default="auto", choices=["auto", "on", "off"],
                    help="fused CUTLASS SwiGLU MLPs: auto = where they can run (Hopper, bf16), else the PyTorch path")
+    _add_megakernel_args(p)
     p.set_defaults(handler=_run_synth)
+
+
+def _add_megakernel_args(p) -> None:
+    p.add_argument("--megakernel", default="none", metavar="REGIONS",
+                   help="regions run by the persistent megakernel: a comma list of the model's regions "
+                        "(Llasa: decoder_step; Qwen3-TTS: talker_step, code_predictor_loop), all, or none; "
+                        "a region that cannot run there stays on the PyTorch path with a logged reason")
+    p.add_argument("--megakernel-executor", default="cuda", choices=["cuda", "vm"],
+                   help="cuda: the CUDA kernel (Hopper); vm: its pure-PyTorch interpreter (slow; for checking)")
+
+
+def _megakernel_asked(args: argparse.Namespace) -> bool:
+    return args.megakernel.strip() not in ("", "none")
+
+
+def _fused_swiglu_mode(args: argparse.Namespace):
+    """The fused SwiGLU swap replaces the MLP weights the megakernel regions read, so `auto` leaves it
+    off when regions are asked for (`on` is honoured, and those regions then log why they cannot run)."""
+    from models.fused_swiglu import FusedSwiglu
+
+    mode = FusedSwiglu(args.fused_swiglu)
+    if mode is FusedSwiglu.AUTO and _megakernel_asked(args):
+        log.info("fused SwiGLU off: --megakernel regions read the plain MLP weights")
+        return FusedSwiglu.OFF
+    return mode
+
+
+def _install_megakernel(model, args: argparse.Namespace) -> None:
+    """Route the asked regions through the megakernel; unknown names are a usage error (ValueError)."""
+    if not _megakernel_asked(args):
+        return
+    from engine_builder.regions import BackendOptions, Executor, install_megakernel_regions, parse_regions
+
+    names = parse_regions(model, args.megakernel)
+    install_megakernel_regions(model, names, BackendOptions(executor=Executor(args.megakernel_executor)))
 
 
 def _run_synth(args: argparse.Namespace) -> int:
     import soundfile
 
-    from models.fused_swiglu import FusedSwiglu
     from models.registry import load_model, parse_dtype
     from models.sampling import SamplingParams
     from models.streaming import SynthesisRequest, synthesize
@@ -64,9 +99,10 @@ def _run_synth(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_duration_s=args.max_duration,
     )
-    model = load_model(args.model, device=args.device, dtype=dtype, fused_swiglu=FusedSwiglu(args.fused_swiglu))
+    model = load_model(args.model, device=args.device, dtype=dtype, fused_swiglu=_fused_swiglu_mode(args))
     if model.is_random:
         print(f"warning: {args.model} has random weights: the audio is noise", file=sys.stderr)
+    _install_megakernel(model, args)
     model.validate(request)
     result = synthesize(model, request)
     soundfile.write(str(args.out), result.samples, result.sample_rate_hz, subtype="PCM_16")
@@ -94,6 +130,7 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds active streams get to finish after SIGTERM")
     p.add_argument("--fused-swiglu", default="auto", choices=["auto", "on", "off"],
                    help="fused CUTLASS SwiGLU MLPs: auto = where they can run (Hopper, bf16), else the PyTorch path")
+    _add_megakernel_args(p)
     p.set_defaults(handler=_run_serve)
 
 
@@ -102,7 +139,6 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     import torch
 
-    from models.fused_swiglu import FusedSwiglu
     from models.registry import load_model, parse_dtype
     from server.app import serve
     from server.config import DEFAULT_MODEL, ServerConfig
@@ -116,9 +152,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         model_spec, device = args.model, args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
     model = load_model(model_spec, device=device, dtype=parse_dtype(dtype_name),
-                       fused_swiglu=FusedSwiglu(args.fused_swiglu))
+                       fused_swiglu=_fused_swiglu_mode(args))
     if model.is_random:
         print(f"warning: {model_spec} has random weights: the audio is noise", file=sys.stderr)
+    _install_megakernel(model, args)
     max_streams = args.max_streams or min(model.max_streams, 32)
     config = ServerConfig(
         model=model_spec, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, device=device,

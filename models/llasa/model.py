@@ -3,7 +3,7 @@
 Each stream owns one KV cache slot, one torch.Generator and one XCodec2 streaming decoder. A step
 samples one token per listed stream from its pending logits, turns speech tokens into audio (one
 token = one 20 ms XCodec2 frame) and runs ONE batched Llama decode for the streams that go on.
-Imports: torch, numpy, models.{errors,sampling,streaming,llama,xcodec2,llasa.tokenizer}.
+Imports: torch, numpy, models.{errors,sampling,streaming,region_backends,llama,xcodec2,llasa.tokenizer}.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from models.errors import RequestError
 from models.llama.model import LlamaForCausalLM, LlamaKVCache
 from models.llasa.tokenizer import LlasaTokenizer
+from models.region_backends import LLASA_REGIONS, DecoderStepBackend
 from models.sampling import SamplingParams, make_generator, sample_tokens
 from models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 from models.xcodec2.model import XCodec2Decoder
@@ -59,6 +60,9 @@ class LlasaModel(SpeechModel):
         token_observer: called as observer(stream_id, token_id) for every sampled token (tracing, tests).
         codec_left_context_frames, codec_lookahead_frames: XCodec2StreamDecoder options (None: its defaults).
     """
+
+    # Regions another executor may run (models.region_backends): the per-step batched decode.
+    region_names = LLASA_REGIONS
 
     def __init__(
         self,
@@ -112,6 +116,9 @@ class LlasaModel(SpeechModel):
         allowed[tokenizer.speech_offset : last_speech_id + 1] = 0.0
         allowed[tokenizer.speech_end_id] = 0.0
         self._logit_mask = allowed
+        # None: `llama.decode`. Otherwise a callable with decode's signature and results (e.g. the
+        # engine builder's megakernel step), set through models.region_backends.set_region_backend.
+        self.decoder_step_backend: DecoderStepBackend | None = None
 
     # ---- SpeechModel interface -------------------------------------------------------------
 
@@ -221,7 +228,8 @@ class LlasaModel(SpeechModel):
             going_on.append(row)
         if going_on:
             slots = [streams[row].slot for row in going_on]
-            next_logits = self.llama.decode(self._cache, slots, tokens[going_on])  # (B', V), one batched call
+            decode = self.decoder_step_backend or self.llama.decode
+            next_logits = decode(self._cache, slots, tokens[going_on])  # (B', V), one batched call
             for out_row, row in enumerate(going_on):
                 streams[row].pending_logits = next_logits[out_row]
         return chunks

@@ -23,6 +23,7 @@ from models.qwen3_tts.layers import CacheView, KVCache
 from models.qwen3_tts.prompt import PromptSpec, TextLayout, build_layout, embed_layout
 from models.qwen3_tts.talker import Talker
 from models.qwen3_tts.tokenizer import TextTokenizer
+from models.region_backends import QWEN3_TTS_REGIONS, CodePredictorLoopBackend, PredictorRows, TalkerStepBackend
 from models.sampling import SamplingParams, make_generator, sample_tokens
 from models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 
@@ -79,6 +80,10 @@ class _Stream:
 
 
 class Qwen3TTSSpeechModel(SpeechModel):
+    # Regions another executor may run (models.region_backends): the talker decode step with its codec
+    # head, and the whole code-predictor loop of a frame.
+    region_names = QWEN3_TTS_REGIONS
+
     def __init__(
         self,
         *,
@@ -118,6 +123,11 @@ class Qwen3TTSSpeechModel(SpeechModel):
         self._ids = itertools.count()
         self.logit_observer: LogitObserver | None = None  # test/debug hooks
         self.frame_observer: FrameObserver | None = None
+        # None: the conventional calls (talker.forward_tokens, code_predictor.predict). Otherwise
+        # callables with the same results (the engine builder's megakernel), set through
+        # models.region_backends.set_region_backend.
+        self.talker_step_backend: TalkerStepBackend | None = None
+        self.code_predictor_loop_backend: CodePredictorLoopBackend | None = None
         tc = config.talker
         self._eos = tc.codec_eos_token_id
         # The official generate() suppresses the top 1024 codec ids except EOS.
@@ -370,9 +380,19 @@ class Qwen3TTSSpeechModel(SpeechModel):
             return [self._finish_empty(i) for i in stream_ids]
         hidden = torch.stack([s.hidden for s in streams])  # (B, H)
         code0 = torch.stack([s.code0 for s in streams])  # (B,)
-        rest = self.talker.code_predictor.predict(
-            hidden, self.talker.embed_codec(code0), self._predictor_chooser(streams)
-        )  # (B, Q-1)
+        code0_embedding, choose = self.talker.embed_codec(code0), self._predictor_chooser(streams)
+        if self.code_predictor_loop_backend is None:
+            rest = self.talker.code_predictor.predict(hidden, code0_embedding, choose)  # (B, Q-1)
+        else:
+            # A backend that samples on the device draws from (stream seed, frame x heads + head): see
+            # PredictorRows. The streams' torch generators are then not advanced by predictor draws.
+            heads = self.talker.code_predictor.num_steps
+            rows = PredictorRows(
+                params=tuple(s.predictor_params for s in streams),
+                seeds=tuple(s.generator.initial_seed() for s in streams),
+                rng_offsets=tuple(s.num_steps * heads for s in streams),
+            )
+            rest = self.code_predictor_loop_backend(hidden, code0_embedding, choose, rows)
         frames = torch.cat((code0[:, None], rest), dim=1)  # (B, Q)
         text_rows = torch.stack(
             [
@@ -388,7 +408,8 @@ class Qwen3TTSSpeechModel(SpeechModel):
             start=start,
             kv_len=max(s.position for s in streams) + 1,
         )
-        new_hidden, logits = self.talker.forward_tokens(inputs[:, None], view)
+        forward = self.talker_step_backend or self.talker.forward_tokens
+        new_hidden, logits = forward(inputs[:, None], view)
         next_code0 = self._sample_talker(streams, logits)
         is_eos = (next_code0 == self._eos).tolist()
 

@@ -11,6 +11,7 @@ from trt_plugins.megakernel.instructions import (
     RegionConstants,
     Wait,
 )
+from trt_plugins.megakernel.torch_op import launch_op
 from trt_plugins.megakernel.vm import (
     DeadlockError,
     SchedulePolicy,
@@ -29,6 +30,7 @@ __all__ = [
     "RegionConstants",
     "SchedulePolicy",
     "Wait",
+    "launch_op",
     "run_program",
     "uniform_from_seed",
 ]

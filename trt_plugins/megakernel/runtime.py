@@ -18,6 +18,7 @@ import torch
 from trt_plugins.library import KernelLibraryError, check_status, kernels_library
 from trt_plugins.megakernel.instructions import BufferKind, Program
 from trt_plugins.megakernel.packing import pack_program
+from trt_plugins.megakernel.prefetch import prefetch_table
 from trt_plugins.megakernel.vm import TORCH_DTYPES
 
 __all__ = [
@@ -55,6 +56,8 @@ class MegakernelParams(ctypes.Structure):
         ("buffer_ptrs", ctypes.c_void_p),
         ("counters", ctypes.c_void_p),
         ("error", ctypes.c_void_p),
+        ("profile", ctypes.c_void_p),
+        ("prefetch", ctypes.c_void_p),
         ("num_queues", ctypes.c_int32),
         ("max_queue_len", ctypes.c_int32),
         ("num_buffers", ctypes.c_int32),
@@ -111,9 +114,11 @@ class CudaProgram:
         self.buffer_table = packed["buffer_table"].to(device).contiguous()
         self.lib = _library()
 
-    def bind(self, bound: Mapping[str, torch.Tensor]) -> BoundLaunch:
+    def bind(self, bound: Mapping[str, torch.Tensor], *, prefetch: bool = True, profile: bool = False) -> BoundLaunch:
         """Check `bound` against the buffer specs and allocate the rest; the tensors must stay alive and
-        in place for as long as the BoundLaunch is launched (a CUDA graph replays their addresses)."""
+        in place for as long as the BoundLaunch is launched (a CUDA graph replays their addresses).
+        prefetch: pass the L2 weight-prefetch table (a hint; results are identical without it).
+        profile: record per-instruction timestamps of every launch (`BoundLaunch.profile`)."""
         specs = {spec.name: spec for spec in self.program.buffers}
         unknown = sorted(set(bound) - set(specs))
         if unknown:
@@ -139,7 +144,7 @@ class CudaProgram:
             if tensor.data_ptr() % 16:
                 raise ValueError(f"buffer {spec.name!r} must be 16-byte aligned (vector loads)")
             tensors[spec.name] = tensor
-        return BoundLaunch(self, tensors)
+        return BoundLaunch(self, tensors, prefetch=prefetch, profile=profile)
 
 
 @dataclass(eq=False)
@@ -148,6 +153,8 @@ class BoundLaunch:
 
     program: CudaProgram
     tensors: dict[str, torch.Tensor]
+    prefetch: bool = True
+    profile: bool = False
 
     def __post_init__(self) -> None:
         p, dev = self.program, self.program.device
@@ -155,6 +162,16 @@ class BoundLaunch:
         self.pointer_table = torch.tensor(ptrs or [0], dtype=torch.int64).to(dev)
         self.counters = torch.zeros(max(1, p.program.num_counters), dtype=torch.int32, device=dev)
         self.error = torch.zeros(ERROR_WORDS, dtype=torch.int32, device=dev)
+        max_len = int(p.instructions.shape[1])
+        self.prefetch_table = (
+            prefetch_table(p.program, self.tensors, max_len).to(dev) if self.prefetch else None
+        )
+        # (queues, positions, 3) globaltimer ns: record read, waits satisfied, finished.
+        self.timestamps = (
+            torch.zeros((len(p.program.queues), max(1, max_len), 3), dtype=torch.int64, device=dev)
+            if self.profile
+            else None
+        )
         c = p.program.constants
         self.params = MegakernelParams(
             instructions=p.instructions.data_ptr(),
@@ -163,6 +180,8 @@ class BoundLaunch:
             buffer_ptrs=self.pointer_table.data_ptr(),
             counters=self.counters.data_ptr(),
             error=self.error.data_ptr(),
+            profile=None if self.timestamps is None else self.timestamps.data_ptr(),
+            prefetch=None if self.prefetch_table is None else self.prefetch_table.data_ptr(),
             num_queues=len(p.program.queues),
             max_queue_len=int(p.instructions.shape[1]),
             num_buffers=len(p.program.buffers),

@@ -1,12 +1,24 @@
 // megakernel.cu: the persistent instruction interpreter of decode regions (see megakernel.h).
 //
-// One block (256 threads) per queue walks its instruction records in order: wait on counters
-// (thread 0, acquire loads + __nanosleep backoff + %globaltimer watchdog), __syncthreads, execute,
-// __syncthreads, then thread 0 fences and bumps the signal counter. The opcode bodies follow
-// trt_plugins/megakernel/vm.py exactly, including where the VM rounds to the activation dtype.
-// Matrix-vector tiles: one warp per output row, batch rows staged in shared memory (fp32) in
-// chunks of up to kMaxChunk rows, fp32 accumulation. Activations and state are read with ld.cg
-// (L2, never a stale L1 line written by another SM); weights with the read-only path.
+// One block (256 threads) per queue walks its instruction records in order. An instruction first
+// issues the loads that depend on nothing (its weight tile), then waits on its counters (thread 0,
+// acquire loads + __nanosleep backoff + %globaltimer watchdog), stages its inputs, computes and
+// stores; after one barrier thread 0 fences and bumps the signal counter. The opcode bodies follow
+// trt_plugins/megakernel/vm.py, including where the VM rounds to the activation dtype (sums are
+// fp32 in a different order, so results agree to fp32 rounding, not bitwise).
+// Matrix-vector tiles, two paths with the same semantics (fp32 accumulation):
+//  - bf16 weights and bf16 activations (the serving case): tensor cores (mma.sync m16n8k16) for every
+//    batch size 1..64. Batch rows are staged in shared memory as bf16 (exact: the VM rounds them to
+//    bf16 there too); each warp streams a 16-row x K-slice of the weight tile with 16-byte loads, many
+//    in flight, and the warps' partial sums meet in shared memory. The k order inside a 32-wide block
+//    is permuted identically for weights and activations (a dot product does not care), so each lane
+//    loads 16 contiguous bytes instead of 4-byte fragments.
+//  - anything else (fp32 / fp16 models): CUDA cores, one warp per output row, batch rows staged as
+//    fp32 in chunks of up to kMaxChunk rows.
+// Before running instruction i a block asks L2 to prefetch the weight tile of instruction i + 2 of
+// its queue (cp.async.bulk.prefetch), so HBM streams while the block waits on counters.
+// Activations and state are read with ld.cg (L2, never a stale L1 line written by another SM);
+// weights with the read-only path.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,9 +37,19 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChunk = 8;                    // batch rows per matrix-vector pass
 constexpr int kXsFloats = 48 * 1024;            // 192 KiB: staged activation rows
-constexpr int kExtraFloats = 2048;              // 8 KiB: per-head scratch (kMaxChunk x 256)
+constexpr int kExtraFloats = 8192;              // 32 KiB: per-head scratch (64 batch rows x 128 dims)
 constexpr int kSmemBytes = (kXsFloats + kExtraFloats) * 4;
 constexpr int kMaxDims = 5;
+// Tensor-core path, inside the xs region: bf16 staging, then the warps' partial sums (fp32).
+constexpr int kTcStageBytes = 136 * 1024;
+constexpr int kTcRedFloats = (kXsFloats * 4 - kTcStageBytes) / 4;  // 64 KiB = 8 warps x 2 x 16 x 64
+constexpr int kTcMaxBatch = 64;
+// Partial sums: 8 warps x 16 rows x 64 batch rows per matrix. The one-matrix ops fit before `extra`
+// (the QKV op uses extra as its per-head scratch at the same time); gate/up (two matrices) runs into
+// extra, which that op does not use.
+static_assert(kTcRedFloats >= kWarps * 16 * kTcMaxBatch, "one-matrix partial sums overflow");
+static_assert(kTcRedFloats + kExtraFloats >= kWarps * 2 * 16 * kTcMaxBatch, "two-matrix partial sums overflow");
+constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are prefetched to L2
 
 enum DT { F32 = 0, BF16 = 1, F16 = 2, I64 = 3, I32 = 4 };
 
@@ -42,6 +64,8 @@ struct Ctx {
   tilevox_megakernel_params prm;
   int queue;
   int pos;
+  int* stop;      // shared: set when this block must stop (error here or elsewhere)
+  int64_t* prof;  // this queue's profile rows, or null
 };
 
 __device__ __forceinline__ Buf get_buf(const Ctx& c, int id) {
@@ -341,6 +365,321 @@ __device__ __forceinline__ int chunk_rows(int K) {
   return n < kMaxChunk ? n : kMaxChunk;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tensor-core matrix-vector (bf16 weights x bf16 activations, fp32 accumulation).
+
+__device__ __forceinline__ bool tc_eligible(const Buf& x, const Buf& w, const Buf* ln, int K) {
+  return x.dt == BF16 && w.dt == BF16 && (ln == nullptr || ln->dt == BF16) && K % 32 == 0;
+}
+
+// Row stride of the staged bf16 activations in elements: 64 bytes past a multiple of 128, so the two
+// batch rows a quarter-warp's 16-byte fragment loads touch fall in different banks.
+__device__ __forceinline__ int tc_stride(int K) { return ((K * 2 + 127) / 128) * 64 + 32; }
+
+// Largest 8 * 2^j <= n, capped at kTcMaxBatch (0 when n < 8): the batch rows of one staged chunk.
+__device__ __forceinline__ int pow2x8_floor(int n) {
+  if (n < 8) return 0;
+  int r = 8;
+  while (r * 2 <= n && r * 2 <= kTcMaxBatch) r *= 2;
+  return r;
+}
+
+__device__ __forceinline__ int tc_chunk_rows(int K) { return pow2x8_floor(kTcStageBytes / (tc_stride(K) * 2)); }
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// bf16(g * bf16(x * scale)) for the two bf16 halves of u (x) and gw (g): the VM's rmsnorm rounding.
+__device__ __forceinline__ uint32_t norm_pair(uint32_t u, uint32_t gw, float scale) {
+  const float x0 = __uint_as_float(u << 16), x1 = __uint_as_float(u & 0xffff0000u);
+  const float g0 = __uint_as_float(gw << 16), g1 = __uint_as_float(gw & 0xffff0000u);
+  const float t0 = rnd(x0 * scale, BF16), t1 = rnd(x1 * scale, BF16);
+  const __nv_bfloat16 r0 = __float2bfloat16_rn(g0 * t0), r1 = __float2bfloat16_rn(g1 * t1);
+  return static_cast<uint32_t>(__bfloat16_as_ushort(r0)) | (static_cast<uint32_t>(__bfloat16_as_ushort(r1)) << 16);
+}
+
+// Stage rows [b0, b0 + nc) of x (bf16, row length K) into xs (row stride tc_stride(K)), rows
+// [nc, nc_pad) zero; with ln, rmsnorm'ed as stage_rows does. Block-wide 16-byte copies. Ends with
+// __syncthreads.
+__device__ void tc_stage_rows(unsigned short* xs, const Buf& x, int b0, int nc, int nc_pad, int K, const Buf* ln,
+                              float eps) {
+  __shared__ float row_scale[kTcMaxBatch];
+  const int stride = tc_stride(K), n8 = K / 8;
+  const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(x.p) + (int64_t)b0 * K);
+  for (int idx = threadIdx.x; idx < nc_pad * n8; idx += kThreads) {
+    const int c = idx / n8, j = idx - c * n8;
+    const uint4 v = c < nc ? __ldcg(src + (int64_t)c * n8 + j) : make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(xs + c * stride + 8 * j) = v;
+  }
+  __syncthreads();
+  if (ln == nullptr) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int c = warp; c < nc; c += kWarps) {
+    float ss = 0.f;
+    for (int k = lane * 8; k < K; k += 256) {
+      const uint4 v = *reinterpret_cast<const uint4*>(xs + c * stride + k);
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float lo = __uint_as_float(u[j] << 16), hi = __uint_as_float(u[j] & 0xffff0000u);
+        ss += lo * lo + hi * hi;
+      }
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) row_scale[c] = 1.0f / sqrtf(ss / (float)K + eps);
+  }
+  __syncthreads();
+  const uint4* gain = reinterpret_cast<const uint4*>(ln->p);
+  for (int idx = threadIdx.x; idx < nc * n8; idx += kThreads) {
+    const int c = idx / n8, j = idx - c * n8;
+    uint4* p = reinterpret_cast<uint4*>(xs + c * stride + 8 * j);
+    uint4 v = *p;
+    const uint4 g = __ldg(gain + j);
+    const float sc = row_scale[c];
+    v.x = norm_pair(v.x, g.x, sc);
+    v.y = norm_pair(v.y, g.y, sc);
+    v.z = norm_pair(v.z, g.z, sc);
+    v.w = norm_pair(v.w, g.w, sc);
+    *p = v;
+  }
+  __syncthreads();
+}
+
+// Rows [r0, r1) of w (and w2) against the NB * 8 staged batch rows: every (16-row group, K-slice)
+// work unit is one warp; within a 32-wide k block lane (g, q) loads the 16 bytes [8q, 8q + 8) of rows
+// g and g + 8 and the same 16 bytes of batch row g, which serve as the fragments of two m16n8k16 MMAs
+// (logical k 2q, 2q+1, 2q+8, 2q+9 <- physical 8q..8q+3, then 8q+4..8q+7). U k blocks of loads are
+// issued before their MMAs. Partial sums meet in `red`; epi(c, r, v, v2) runs once per (c < nc, r).
+// Issue the weight loads of k blocks [kb, kb + U) (zero past kb1 or for rows past the tile).
+template <bool TWO, int U>
+__device__ __forceinline__ void tc_load(uint4 (&wa)[U], uint4 (&wb)[U], uint4 (&wa2)[U], uint4 (&wb2)[U],
+                                        const uint4* pa, const uint4* pb, const uint4* pa2, const uint4* pb2, int kb,
+                                        int kb1, bool va, bool vb) {
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const bool in = kb + u < kb1;
+    wa[u] = in && va ? __ldg(pa + 4 * (kb + u)) : zero;
+    wb[u] = in && vb ? __ldg(pb + 4 * (kb + u)) : zero;
+    if (TWO) {
+      wa2[u] = in && va ? __ldg(pa2 + 4 * (kb + u)) : zero;
+      wb2[u] = in && vb ? __ldg(pb2 + 4 * (kb + u)) : zero;
+    }
+  }
+}
+
+// Rows [r0, r1) of w (and w2) against the NB * 8 staged batch rows: every (16-row group, K-slice)
+// work unit is one warp; within a 32-wide k block lane (g, q) loads the 16 bytes [8q, 8q + 8) of rows
+// g and g + 8 and the same 16 bytes of batch row g, which serve as the fragments of two m16n8k16 MMAs
+// (logical k 2q, 2q+1, 2q+8, 2q+9 <- physical 8q..8q+3, then 8q+4..8q+7). U k blocks of loads are
+// issued before their MMAs. The first U are issued before `pro` (block-wide: wait for the inputs,
+// stage them), so the weight stream overlaps the dependency wait. Partial sums meet in `red`;
+// epi(c, r, v, v2) runs once per (c < nc, r). False when pro fails.
+template <int NB, bool TWO, int U, class Pro, class Epi>
+__device__ bool tc_rows_nb(const unsigned short* xs, int nc, int K, const unsigned short* w, const unsigned short* w2,
+                           int r0, int r1, float* red, Pro& pro, Epi& epi) {
+  constexpr int kNc8 = NB * 8;
+  constexpr int kWarpRed = (TWO ? 2 : 1) * 16 * kNc8;  // floats per warp: matrices x 16 rows x batch
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int stride = tc_stride(K), nkb = K / 32, n16 = K / 8;
+  const int m = (r1 - r0 + 15) / 16;
+  const int splits = m >= kWarps ? 1 : kWarps / m;
+  const int units = m * splits;
+  for (int base = 0; base < units; base += kWarps) {
+    const int unit = base + warp;
+    const bool active = unit < units;
+    const int rg = active ? unit / splits : 0, sp = active ? unit - rg * splits : 0;
+    const int kb0 = active ? (int)((int64_t)nkb * sp / splits) : 0;
+    const int kb1 = active ? (int)((int64_t)nkb * (sp + 1) / splits) : 0;
+    const int ra = r0 + rg * 16 + g, rb = ra + 8;
+    const bool va = ra < r1, vb = rb < r1;
+    const uint4* pa = reinterpret_cast<const uint4*>(w) + (int64_t)(va ? ra : r0) * n16 + q;
+    const uint4* pb = reinterpret_cast<const uint4*>(w) + (int64_t)(vb ? rb : r0) * n16 + q;
+    const uint4* pa2 = TWO ? reinterpret_cast<const uint4*>(w2) + (int64_t)(va ? ra : r0) * n16 + q : nullptr;
+    const uint4* pb2 = TWO ? reinterpret_cast<const uint4*>(w2) + (int64_t)(vb ? rb : r0) * n16 + q : nullptr;
+    uint4 wa[U], wb[U], wa2[U], wb2[U];
+    tc_load<TWO, U>(wa, wb, wa2, wb2, pa, pb, pa2, pb2, kb0, kb1, va, vb);
+    if (base == 0 && !pro()) return false;
+    float acc[NB][4], acc2[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[nb][j] = acc2[nb][j] = 0.f;
+    const unsigned short* xq = xs + g * stride + 8 * q;
+    for (int kb = kb0; kb < kb1;) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (kb + u < kb1) {
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb) {
+            const uint4 xv = *reinterpret_cast<const uint4*>(xq + nb * 8 * stride + (kb + u) * 32);
+            mma_bf16_16816(acc[nb], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv.x, xv.y);
+            mma_bf16_16816(acc[nb], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv.z, xv.w);
+            if (TWO) {
+              mma_bf16_16816(acc2[nb], wa2[u].x, wb2[u].x, wa2[u].y, wb2[u].y, xv.x, xv.y);
+              mma_bf16_16816(acc2[nb], wa2[u].z, wb2[u].z, wa2[u].w, wb2[u].w, xv.z, xv.w);
+            }
+          }
+        }
+      }
+      kb += U;
+      if (kb < kb1) tc_load<TWO, U>(wa, wb, wa2, wb2, pa, pb, pa2, pb2, kb, kb1, va, vb);
+    }
+    if (active) {
+      // D fragment: (row g, batch 2q + {0,1}) and (row g + 8, same batch) of each n8 block.
+      float* rw = red + warp * kWarpRed;
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        const int n = nb * 8 + 2 * q;
+        rw[g * kNc8 + n] = acc[nb][0];
+        rw[g * kNc8 + n + 1] = acc[nb][1];
+        rw[(g + 8) * kNc8 + n] = acc[nb][2];
+        rw[(g + 8) * kNc8 + n + 1] = acc[nb][3];
+        if (TWO) {
+          rw[16 * kNc8 + g * kNc8 + n] = acc2[nb][0];
+          rw[16 * kNc8 + g * kNc8 + n + 1] = acc2[nb][1];
+          rw[16 * kNc8 + (g + 8) * kNc8 + n] = acc2[nb][2];
+          rw[16 * kNc8 + (g + 8) * kNc8 + n + 1] = acc2[nb][3];
+        }
+      }
+    }
+    __syncthreads();
+    // Whole row groups per round: splits divides kWarps when m < kWarps, and is 1 otherwise.
+    const int groups = (min(units, base + kWarps) - base) / splits;
+    for (int idx = threadIdx.x; idx < nc * groups * 16; idx += kThreads) {
+      const int c = idx / (groups * 16), rem = idx - c * groups * 16;  // rows fastest: coalesced stores
+      const int gi = rem / 16, i = rem - gi * 16;
+      const int rgi = base / splits + gi, r = r0 + rgi * 16 + i;
+      if (r >= r1) continue;
+      float v = 0.f, v2 = 0.f;
+      for (int s2 = 0; s2 < splits; ++s2) {
+        const float* rw = red + (rgi * splits + s2 - base) * kWarpRed;
+        v += rw[i * kNc8 + c];
+        if (TWO) v2 += rw[16 * kNc8 + i * kNc8 + c];
+      }
+      epi(c, r, v, v2);
+    }
+    __syncthreads();
+  }
+  return true;
+}
+
+template <bool TWO, class Pro, class Epi>
+__device__ bool tc_rows(const unsigned short* xs, int nc, int K, const Buf& w, const Buf* w2, int r0, int r1,
+                        float* red, Pro& pro, Epi& epi) {
+  // k blocks of weight loads in flight per warp (4-8 KiB at batch <= 16); fewer at larger batch, where
+  // the MMAs take longer and the accumulators need the registers.
+  const auto* a = reinterpret_cast<const unsigned short*>(w.p);
+  const auto* b = w2 ? reinterpret_cast<const unsigned short*>(w2->p) : nullptr;
+  if (nc <= 8) return tc_rows_nb<1, TWO, TWO ? 4 : 8>(xs, nc, K, a, b, r0, r1, red, pro, epi);
+  if (nc <= 16) return tc_rows_nb<2, TWO, TWO ? 4 : 8>(xs, nc, K, a, b, r0, r1, red, pro, epi);
+  if (nc <= 32) return tc_rows_nb<4, TWO, TWO ? 2 : 4>(xs, nc, K, a, b, r0, r1, red, pro, epi);
+  return tc_rows_nb<8, TWO, TWO ? 2 : 4>(xs, nc, K, a, b, r0, r1, red, pro, epi);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One staged chunk of batch rows, on either path.
+
+struct Staged {
+  bool tc;
+  float* xf;            // fp32 path: (nc, K)
+  unsigned short* xb;   // tensor-core path: (nc_pad, tc_stride(K)) bf16
+  float* red;           // tensor-core path: partial sums
+  int nc;
+  int K;
+  __device__ float at(int ci, int k) const {
+    return tc ? bf16_bits_to_float(xb[ci * tc_stride(K) + k]) : xf[(int64_t)ci * K + k];
+  }
+};
+
+// Batch rows per chunk: the tensor-core path needs a power-of-two multiple of 8 (its n8 blocks).
+// `cap` bounds it further (the QKV op's per-head scratch). 0: this path cannot stage one row.
+__device__ __forceinline__ int chunk_limit(bool tc, int K, int cap) {
+  if (tc) return pow2x8_floor(min(tc_chunk_rows(K), cap));
+  return min(chunk_rows(K), cap);
+}
+
+__device__ Staged staged_layout(bool tc, float* smem, int nc, int K) {
+  Staged s;
+  s.tc = tc;
+  s.nc = nc;
+  s.K = K;
+  s.xf = smem;
+  s.xb = reinterpret_cast<unsigned short*>(smem);
+  s.red = smem + kTcStageBytes / 4;
+  return s;
+}
+
+// Stage batch rows [b0, b0 + s.nc) of x into s (rmsnorm'ed with ln). Block-wide; ends with a barrier.
+__device__ void stage_into(const Staged& s, const Buf& x, int b0, const Buf* ln, float eps) {
+  if (s.tc) {
+    int pad = 8;
+    while (pad < s.nc) pad *= 2;
+    tc_stage_rows(s.xb, x, b0, s.nc, pad, s.K, ln, eps);
+  } else {
+    stage_rows(s.xf, x, b0, s.nc, s.K, ln, eps);
+  }
+}
+
+// rows [r0, r1) of w (w2) against the chunk that pro() waits for and stages; epi(ci, r, v, v2) per
+// output. False when pro fails (the block must stop).
+template <bool TWO, class Pro, class Epi>
+__device__ bool staged_rows(const Staged& s, const Buf& w, const Buf* w2, int r0, int r1, Pro pro, Epi epi) {
+  if (s.tc) return tc_rows<TWO>(s.xb, s.nc, s.K, w, w2, r0, r1, s.red, pro, epi);
+  if (!pro()) return false;
+  rows<TWO>(w.dt, s.xf, s.nc, s.K, w, w2, r0, r1, epi);
+  return true;
+}
+
+// Block-wide: thread 0 spin-waits until every awaited counter of `inst` reaches its target (acquire
+// loads, __nanosleep backoff, %globaltimer watchdog). False when the block must stop (a watchdog or
+// an error raised anywhere).
+__device__ bool wait_deps(const Ctx& c, const int* inst) {
+  if (threadIdx.x == 0) {
+    const tilevox_megakernel_params& prm = c.prm;
+    // Errors raised elsewhere are polled only while spinning: a satisfied wait costs one acquire load.
+    int s = 0;
+    const int nw = inst[TILEVOX_MK_FIELD_NUM_WAITS];
+    for (int i = 0; i < nw && !s; ++i) {
+      const int counter = inst[TILEVOX_MK_FIELD_WAITS + 2 * i], target = inst[TILEVOX_MK_FIELD_WAITS + 2 * i + 1];
+      if (counter < 0 || counter >= prm.num_counters) {
+        raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], counter, 0, target);
+        s = 1;
+        break;
+      }
+      const int* ctr = prm.counters + counter;
+      int value = ld_acquire(ctr);
+      if (value >= target) continue;
+      const uint64_t t0 = global_ns();
+      unsigned sleep_ns = 32;
+      while ((value = ld_acquire(ctr)) < target) {
+        if (ld_volatile(prm.error) != 0) {
+          s = 1;
+          break;
+        }
+        if ((int64_t)(global_ns() - t0) > prm.watchdog_ns) {
+          raise_error(c, TILEVOX_MK_ERROR_WATCHDOG, inst[0], counter, value, target);
+          s = 1;
+          break;
+        }
+        __nanosleep(sleep_ns);
+        sleep_ns = sleep_ns < 256 ? sleep_ns * 2 : 256;
+      }
+    }
+    *c.stop = s;
+    if (c.prof) c.prof[3 * c.pos + 1] = (int64_t)global_ns();
+  }
+  __syncthreads();
+  return *c.stop == 0;
+}
+
 __device__ __forceinline__ const int* args_of(const int* inst) { return inst + TILEVOX_MK_FIELD_ARGS; }
 __device__ __forceinline__ const int* ins_of(const int* inst) { return inst + TILEVOX_MK_FIELD_INPUTS; }
 __device__ __forceinline__ const int* outs_of(const int* inst) { return inst + TILEVOX_MK_FIELD_OUTPUTS; }
@@ -352,6 +691,7 @@ __device__ bool op_embed(const Ctx& c, const int* inst) {
   const Buf tokens = get_buf(c, ins_of(inst)[0]), table = get_buf(c, ins_of(inst)[1]);
   const Buf x = get_buf(c, outs_of(inst)[0]);
   const int64_t width = table.dims[1], vocab = table.dims[0];
+  if (!wait_deps(c, inst)) return false;
   for (int b = inst[TILEVOX_MK_FIELD_TILE_START]; b < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++b) {
     const int64_t tok = ld_int(tokens, b);
     if (tok < 0 || tok >= vocab) {
@@ -363,12 +703,11 @@ __device__ bool op_embed(const Ctx& c, const int* inst) {
   return true;
 }
 
-// Runs body(b0, nc) over the batch rows in chunks whose K-wide rows fit the shared staging buffer,
-// with a block barrier after each chunk. False (error raised) when one row does not fit or body fails.
+// Runs body(b0, nc) over the batch rows in chunks of at most step_rows (chunk_limit), with a block
+// barrier after each chunk. False (error raised) when not one row fits or body fails.
 template <class Body>
-__device__ bool for_each_row_chunk(const Ctx& c, const int* inst, int B, int K, Body&& body) {
-  const int step_rows = chunk_rows(K);
-  if (step_rows < 1) {  // a row longer than the staging buffer (kXsFloats)
+__device__ bool for_each_row_chunk(const Ctx& c, const int* inst, int B, int K, int step_rows, Body&& body) {
+  if (step_rows < 1) {  // a row longer than the staging buffer
     if (threadIdx.x == 0) raise_error(c, TILEVOX_MK_ERROR_UNSUPPORTED, inst[0], -1, K, kXsFloats);
     return false;
   }
@@ -385,14 +724,20 @@ __device__ bool op_linear_bias(const Ctx& c, const int* inst, float* xs) {
   const Buf bias = get_buf(c, bias_id);
   const Buf y = get_buf(c, outs_of(inst)[0]);
   const int B = (int)x.dims[0], K = (int)x.dims[1], N = (int)y.dims[1];
-  return for_each_row_chunk(c, inst, B, K, [&](int b0, int nc) {
-    stage_rows(xs, x, b0, nc, K, nullptr, 0.f);
-    rows<false>(w.dt, xs, nc, K, w, nullptr, inst[TILEVOX_MK_FIELD_TILE_START], inst[TILEVOX_MK_FIELD_TILE_STOP],
-                [&](int ci, int r, float v, float) {
-                  if (bias_id >= 0) v += ld_w(bias, r);
-                  st(y, (int64_t)(b0 + ci) * N + r, v);
-                });
-    return true;
+  const bool tc = tc_eligible(x, w, nullptr, K) && chunk_limit(true, K, kTcMaxBatch) > 0;
+  return for_each_row_chunk(c, inst, B, K, chunk_limit(tc, K, kTcMaxBatch), [&](int b0, int nc) {
+    const Staged sx = staged_layout(tc, xs, nc, K);
+    return staged_rows<false>(
+        sx, w, nullptr, inst[TILEVOX_MK_FIELD_TILE_START], inst[TILEVOX_MK_FIELD_TILE_STOP],
+        [&] {
+          if (b0 == 0 && !wait_deps(c, inst)) return false;
+          stage_into(sx, x, b0, nullptr, 0.f);
+          return true;
+        },
+        [&](int ci, int r, float v, float) {
+          if (bias_id >= 0) v += ld_w(bias, r);
+          st(y, (int64_t)(b0 + ci) * N + r, v);
+        });
   });
 }
 
@@ -411,8 +756,19 @@ __device__ bool op_qkv(const Ctx& c, const int* inst, float* xs, float* hb) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // Cache dims (layers, slots, kv heads, length, D).
   const int64_t c_slots = kc.dims[1], c_heads = kc.dims[2], c_len = kc.dims[3];
-  return for_each_row_chunk(c, inst, B, K, [&](int b0, int nc) {
-    stage_rows(xs, x, b0, nc, K, &ln, eps);
+  // Every head's (nc, D) output goes through the per-head scratch hb.
+  const bool tc = tc_eligible(x, wq, &ln, K) && wk.dt == BF16 && wv.dt == BF16 &&
+                  chunk_limit(true, K, kExtraFloats / D) > 0;
+  return for_each_row_chunk(c, inst, B, K, chunk_limit(tc, K, kExtraFloats / D), [&](int b0, int nc) {
+    const Staged sx = staged_layout(tc, xs, nc, K);
+    bool staged = false;  // the first head's rows wait for x (first chunk) and stage it
+    auto pro = [&] {
+      if (staged) return true;
+      staged = true;
+      if (b0 == 0 && !wait_deps(c, inst)) return false;
+      stage_into(sx, x, b0, &ln, eps);
+      return true;
+    };
     for (int hs = inst[TILEVOX_MK_FIELD_TILE_START]; hs < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++hs) {
       if (hs > G + 1) {
         if (threadIdx.x == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, hs, G + 1);
@@ -420,8 +776,9 @@ __device__ bool op_qkv(const Ctx& c, const int* inst, float* xs, float* hb) {
       }
       const Buf& w = hs < G ? wq : (hs == G ? wk : wv);
       const int row0 = hs < G ? (group * G + hs) * D : group * D;
-      rows<false>(w.dt, xs, nc, K, w, nullptr, row0, row0 + D,
-                  [&](int ci, int r, float v, float) { hb[ci * D + (r - row0)] = rnd(v, x.dt); });
+      if (!staged_rows<false>(sx, w, nullptr, row0, row0 + D, pro,
+                              [&](int ci, int r, float v, float) { hb[ci * D + (r - row0)] = rnd(v, x.dt); }))
+        return false;
       __syncthreads();
       for (int ci = warp; ci < nc; ci += kWarps) {
         const int b = b0 + ci;
@@ -520,6 +877,12 @@ __device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem) {
   const float scale = c.prm.attn_scale;
   float* q = q_smem + warp * TILEVOX_MK_MAX_HEAD_DIM;
   constexpr int kPer = TILEVOX_MK_MAX_HEAD_DIM / 32;
+  // bf16 values with D / 8 dividing 32: lane (kk, cc) accumulates 8 dims [8cc, 8cc + 8) over keys
+  // kk, kk + kpl, ... of each 32-key round with 16-byte loads, all in flight at once; the lanes of one
+  // cc are summed at the end (the online-softmax rescale is linear, so it commutes with that sum).
+  const bool vec_v = vc.dt == BF16 && D % 8 == 0 && 32 % (D / 8) == 0;
+  const int cpr = vec_v ? D / 8 : 1, kpl = 32 / cpr, kk0 = lane / cpr, cc = lane % cpr;
+  if (!wait_deps(c, inst)) return false;
   for (int part = inst[TILEVOX_MK_FIELD_TILE_START]; part < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++part) {
     const int64_t first = (int64_t)part * PT;
     for (int pair = warp; pair < B * G; pair += kWarps) {
@@ -549,7 +912,7 @@ __device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem) {
       __syncwarp();
       float acc[kPer];
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) acc[j] = 0.f;
+      for (int j = 0; j < kPer; ++j) acc[j] = 0.f;  // kPer >= 8: acc[0..8) are the vec_v lane's dims
       const int64_t cache_base = (((int64_t)layer * c_slots + slot) * c_heads + group) * c_len * D;
       float m = -INFINITY, l = 0.f;
       for (int64_t t0 = first; t0 < last; t0 += 32) {
@@ -563,7 +926,23 @@ __device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem) {
 #pragma unroll
         for (int j = 0; j < kPer; ++j) acc[j] *= corr;
         const int nk = (int)min((int64_t)32, last - t0);
-        if (vc.dt == BF16) {
+        if (vec_v) {
+          const unsigned short* vr = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + t0 * D + cc * 8;
+#pragma unroll 8
+          for (int pass = 0; pass < cpr; ++pass) {
+            const int kk = kk0 + pass * kpl;
+            const float ek = __shfl_sync(0xffffffffu, e, kk);
+            if (kk < nk) {
+              const uint4 r = __ldcg(reinterpret_cast<const uint4*>(vr + (int64_t)kk * D));
+              const unsigned u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                acc[2 * j] += ek * __uint_as_float(u[j] << 16);
+                acc[2 * j + 1] += ek * __uint_as_float(u[j] & 0xffff0000u);
+              }
+            }
+          }
+        } else if (vc.dt == BF16) {
           const unsigned short* vr = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + t0 * D;
 #pragma unroll 4
           for (int kk = 0; kk < nk; ++kk) {
@@ -588,10 +967,19 @@ __device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem) {
         }
         m = m_new;
       }
+      if (vec_v) {
+        for (int off = cpr; off < 32; off <<= 1)
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int d = lane + 32 * j;
-        if (d < D) st(po, out_base + d, acc[j] / l);
+          for (int j = 0; j < 8; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], off);
+        if (kk0 == 0)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) st(po, out_base + cc * 8 + j, acc[j] / l);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          const int d = lane + 32 * j;
+          if (d < D) st(po, out_base + d, acc[j] / l);
+        }
       }
       if (lane == 0) st(pl, lse_idx, m + logf(l));
     }
@@ -599,25 +987,39 @@ __device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem) {
   return true;
 }
 
-__device__ bool op_attn_reduce(const Ctx& c, const int* inst) {
+__device__ bool op_attn_reduce(const Ctx& c, const int* inst, float* lse_smem) {
   const Buf po = get_buf(c, ins_of(inst)[0]), pl = get_buf(c, ins_of(inst)[1]);
   const Buf out = get_buf(c, outs_of(inst)[0]);
   const int D = c.prm.head_dim, KVH = c.prm.num_kv_heads, G = c.prm.num_heads / KVH, H = c.prm.num_heads;
   const int P = c.prm.num_partitions, B = c.prm.batch_size;
+  // The group's log-sum-exps (b, p, i) go to shared memory once when they fit; every output element
+  // then reads P of them.
+  const bool lse_staged = B * P * G <= kExtraFloats;
+  if (!wait_deps(c, inst)) return false;
   for (int g = inst[TILEVOX_MK_FIELD_TILE_START]; g < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++g) {
+    if (lse_staged) {
+      for (int idx = threadIdx.x; idx < B * P * G; idx += kThreads) {
+        const int b = idx / (P * G), rest = idx - b * P * G;  // rest = p * G + i
+        lse_smem[idx] = ld_act(pl, ((int64_t)b * KVH + g) * P * G + rest);
+      }
+      __syncthreads();
+    }
     for (int idx = threadIdx.x; idx < B * G * D; idx += kThreads) {
       const int d = idx % D, i = (idx / D) % G, b = idx / (D * G);
       const int64_t lse_base = ((int64_t)b * KVH + g) * P * G + i;  // + p * G
+      auto lse = [&](int p) { return lse_staged ? lse_smem[(b * P + p) * G + i] : ld_act(pl, lse_base + (int64_t)p * G); };
       float peak = -INFINITY;
-      for (int p = 0; p < P; ++p) peak = fmaxf(peak, ld_act(pl, lse_base + (int64_t)p * G));
+      for (int p = 0; p < P; ++p) peak = fmaxf(peak, lse(p));
       float num = 0.f, den = 0.f;
+#pragma unroll 8
       for (int p = 0; p < P; ++p) {
-        const float w = expf(ld_act(pl, lse_base + (int64_t)p * G) - peak);
+        const float w = expf(lse(p) - peak);
         num += w * ld_act(po, ((((int64_t)b * KVH + g) * P + p) * G + i) * D + d);
         den += w;
       }
       st(out, (int64_t)b * H * D + ((int64_t)g * G + i) * D + d, num / den);
     }
+    __syncthreads();
   }
   return true;
 }
@@ -627,14 +1029,20 @@ __device__ bool op_proj_residual(const Ctx& c, const int* inst, float* xs) {
   const Buf a = get_buf(c, ins_of(inst)[0]), w = get_buf(c, ins_of(inst)[1]), x_in = get_buf(c, ins_of(inst)[2]);
   const Buf x_out = get_buf(c, outs_of(inst)[0]);
   const int B = (int)a.dims[0], K = (int)a.dims[1], N = (int)x_out.dims[1];
-  return for_each_row_chunk(c, inst, B, K, [&](int b0, int nc) {
-    stage_rows(xs, a, b0, nc, K, nullptr, 0.f);
-    rows<false>(w.dt, xs, nc, K, w, nullptr, inst[TILEVOX_MK_FIELD_TILE_START], inst[TILEVOX_MK_FIELD_TILE_STOP],
-                [&](int ci, int r, float v, float) {
-                  const int64_t o = (int64_t)(b0 + ci) * N + r;
-                  st(x_out, o, rnd(ld_act(x_in, o) + rnd(v, x_out.dt), x_out.dt));
-                });
-    return true;
+  const bool tc = tc_eligible(a, w, nullptr, K) && chunk_limit(true, K, kTcMaxBatch) > 0;
+  return for_each_row_chunk(c, inst, B, K, chunk_limit(tc, K, kTcMaxBatch), [&](int b0, int nc) {
+    const Staged sa = staged_layout(tc, xs, nc, K);
+    return staged_rows<false>(
+        sa, w, nullptr, inst[TILEVOX_MK_FIELD_TILE_START], inst[TILEVOX_MK_FIELD_TILE_STOP],
+        [&] {
+          if (b0 == 0 && !wait_deps(c, inst)) return false;
+          stage_into(sa, a, b0, nullptr, 0.f);
+          return true;
+        },
+        [&](int ci, int r, float v, float) {
+          const int64_t o = (int64_t)(b0 + ci) * N + r;
+          st(x_out, o, rnd(ld_act(x_in, o) + rnd(v, x_out.dt), x_out.dt));
+        });
   });
 }
 
@@ -646,13 +1054,19 @@ __device__ bool op_gateup(const Ctx& c, const int* inst, float* xs) {
   const Buf h = get_buf(c, outs_of(inst)[0]);
   const int B = (int)x.dims[0], K = (int)x.dims[1], N = (int)h.dims[1];
   const int dt = h.dt;
-  return for_each_row_chunk(c, inst, B, K, [&](int b0, int nc) {
-    stage_rows(xs, x, b0, nc, K, &ln, c.prm.rms_norm_eps);
-    rows<true>(wg.dt, xs, nc, K, wg, &wu, inst[TILEVOX_MK_FIELD_TILE_START], inst[TILEVOX_MK_FIELD_TILE_STOP],
-               [&](int ci, int r, float g, float u) {
-                 st(h, (int64_t)(b0 + ci) * N + r, rnd(silu(rnd(g, dt)), dt) * rnd(u, dt));
-               });
-    return true;
+  const bool tc = tc_eligible(x, wg, &ln, K) && wu.dt == BF16 && chunk_limit(true, K, kTcMaxBatch) > 0;
+  return for_each_row_chunk(c, inst, B, K, chunk_limit(tc, K, kTcMaxBatch), [&](int b0, int nc) {
+    const Staged sx = staged_layout(tc, xs, nc, K);
+    return staged_rows<true>(
+        sx, wg, &wu, inst[TILEVOX_MK_FIELD_TILE_START], inst[TILEVOX_MK_FIELD_TILE_STOP],
+        [&] {
+          if (b0 == 0 && !wait_deps(c, inst)) return false;
+          stage_into(sx, x, b0, &ln, c.prm.rms_norm_eps);
+          return true;
+        },
+        [&](int ci, int r, float g, float u) {
+          st(h, (int64_t)(b0 + ci) * N + r, rnd(silu(rnd(g, dt)), dt) * rnd(u, dt));
+        });
   });
 }
 
@@ -663,13 +1077,20 @@ __device__ bool op_lmhead(const Ctx& c, const int* inst, float* xs) {
   const Buf xn = get_buf(c, xn_id);
   const int B = (int)x.dims[0], K = (int)x.dims[1], N = (int)logits.dims[1];
   const int r0 = inst[TILEVOX_MK_FIELD_TILE_START];
-  return for_each_row_chunk(c, inst, B, K, [&](int b0, int nc) {
-    stage_rows(xs, x, b0, nc, K, &nw, c.prm.rms_norm_eps);
-    if (r0 == 0 && xn_id >= 0)
-      for (int idx = threadIdx.x; idx < nc * K; idx += kThreads) st(xn, (int64_t)b0 * K + idx, xs[idx]);
-    rows<false>(w.dt, xs, nc, K, w, nullptr, r0, inst[TILEVOX_MK_FIELD_TILE_STOP],
-                [&](int ci, int r, float v, float) { st(logits, (int64_t)(b0 + ci) * N + r, v); });
-    return true;
+  const bool tc = tc_eligible(x, w, &nw, K) && chunk_limit(true, K, kTcMaxBatch) > 0;
+  return for_each_row_chunk(c, inst, B, K, chunk_limit(tc, K, kTcMaxBatch), [&](int b0, int nc) {
+    const Staged sx = staged_layout(tc, xs, nc, K);
+    return staged_rows<false>(
+        sx, w, nullptr, r0, inst[TILEVOX_MK_FIELD_TILE_STOP],
+        [&] {
+          if (b0 == 0 && !wait_deps(c, inst)) return false;
+          stage_into(sx, x, b0, &nw, c.prm.rms_norm_eps);
+          if (r0 == 0 && xn_id >= 0)
+            for (int idx = threadIdx.x; idx < nc * K; idx += kThreads)
+              st(xn, (int64_t)b0 * K + idx, sx.at(idx / K, idx % K));
+          return true;
+        },
+        [&](int ci, int r, float v, float) { st(logits, (int64_t)(b0 + ci) * N + r, v); });
   });
 }
 
@@ -701,20 +1122,38 @@ __device__ bool op_sample(const Ctx& c, const int* inst, float* smem) {
   long long* red_ll = reinterpret_cast<long long*>(smem + 16);  // kWarps int64
   float* scan = smem + 64;                                    // kWarps floats
   __shared__ long long s_token;
+  if (!wait_deps(c, inst)) return false;
   for (int row = inst[TILEVOX_MK_FIELD_TILE_START]; row < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++row) {
     const int64_t base = (int64_t)row * row_len;
     const float temp = ld_act(temperature, row);
     long long token;
     if (temp == 0.0f) {
-      // argmax, first index among equal maxima (torch.argmax).
+      // argmax, first index among equal maxima (torch.argmax). Each thread scans its elements in
+      // increasing order; bf16 rows go 8 elements per 16-byte load, several loads in flight.
       float best = -INFINITY;
       long long best_i = V;
-      for (int v = threadIdx.x; v < V; v += kThreads) {
-        const float s = ld_act(logits, base + v);
+      auto consider = [&](float s, int v) {
         if (s > best || best_i == V) {
           best = s;
           best_i = v;
         }
+      };
+      if (logits.dt == BF16 && row_len % 8 == 0) {
+        const uint4* p = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(logits.p) + base);
+        const int nv = (V + 7) / 8;  // the last word may pass V, never the row (row_len % 8 == 0)
+#pragma unroll 4
+        for (int j = threadIdx.x; j < nv; j += kThreads) {
+          const uint4 r = __ldcg(p + j);
+          const unsigned u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int v = 8 * j + 2 * e;
+            if (v < V) consider(__uint_as_float(u[e] << 16), v);
+            if (v + 1 < V) consider(__uint_as_float(u[e] & 0xffff0000u), v + 1);
+          }
+        }
+      } else {
+        for (int v = threadIdx.x; v < V; v += kThreads) consider(ld_act(logits, base + v), v);
       }
       const float top = block_max(best, red);
       token = block_min_ll(best == top ? best_i : (long long)V, red_ll);
@@ -833,55 +1272,57 @@ __device__ bool op_sample(const Ctx& c, const int* inst, float* smem) {
 
 // ---------------------------------------------------------------------------------------------
 
+__device__ __forceinline__ void prefetch_l2(int64_t address, int64_t bytes) {
+  // 16-byte multiples (checked by the host); one bulk prefetch per 64 KiB piece.
+  for (int64_t off = 0; off < bytes; off += 65536) {
+    const uint32_t n = (uint32_t)(bytes - off < 65536 ? bytes - off : 65536);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address + off), "r"(n) : "memory");
+  }
+}
+
+// The interpreter loop. Per instruction: the record (double-buffered in shared memory, fetched one
+// instruction ahead) is dispatched; the opcode issues its weight loads, calls wait_deps, computes and
+// stores; one barrier; then thread 0 fences and bumps the signal counter while the other warps
+// already start the next instruction. `ok` is block-uniform (wait_deps broadcasts through shared
+// memory and every error path depends on block-uniform data), so no extra barrier decides to stop.
+// A block stops at its own error, or at anybody's error while it spins in wait_deps; a block that
+// never waits runs its finite queue to the end, so the kernel always terminates.
 __global__ void __launch_bounds__(kThreads, 1) megakernel(tilevox_megakernel_params prm) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   float* xs = smem;
   float* extra = smem + kXsFloats;
-  __shared__ int inst[TILEVOX_MK_INSTRUCTION_WORDS];
+  __shared__ int records[2][TILEVOX_MK_INSTRUCTION_WORDS];
   __shared__ int stop;
   Ctx c;
   c.prm = prm;
   c.queue = blockIdx.x;
+  c.stop = &stop;
   const int n = prm.queue_lengths[blockIdx.x];
+  const int* queue = prm.instructions + (int64_t)blockIdx.x * prm.max_queue_len * TILEVOX_MK_INSTRUCTION_WORDS;
+  const int64_t* pf_queue = prm.prefetch ? prm.prefetch + (int64_t)blockIdx.x * prm.max_queue_len * 4 : nullptr;
+  int64_t* prof = prm.profile ? prm.profile + (int64_t)blockIdx.x * prm.max_queue_len * 3 : nullptr;
+  c.prof = prof;
+  const bool record_lane = threadIdx.x < TILEVOX_MK_INSTRUCTION_WORDS;
+  const bool prefetch_lane = pf_queue != nullptr && threadIdx.x >= 32 && threadIdx.x < 36;  // warp 1, lanes 0-3
+  // Prologue: the first record, and the weights of the first kPrefetchDistance instructions.
+  if (record_lane && n > 0) records[0][threadIdx.x] = queue[threadIdx.x];
+  if (prefetch_lane && threadIdx.x == 32)
+    for (int i = 0; i < kPrefetchDistance && i < n; ++i) {
+      prefetch_l2(pf_queue[4 * i], pf_queue[4 * i + 1]);
+      prefetch_l2(pf_queue[4 * i + 2], pf_queue[4 * i + 3]);
+    }
+  __syncthreads();
   for (int pos = 0; pos < n; ++pos) {
     c.pos = pos;
-    const int* rec = prm.instructions + ((int64_t)blockIdx.x * prm.max_queue_len + pos) * TILEVOX_MK_INSTRUCTION_WORDS;
-    if (threadIdx.x < TILEVOX_MK_INSTRUCTION_WORDS) inst[threadIdx.x] = rec[threadIdx.x];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int s = ld_volatile(prm.error) != 0;
-      const int nw = inst[TILEVOX_MK_FIELD_NUM_WAITS];
-      for (int i = 0; i < nw && !s; ++i) {
-        const int counter = inst[TILEVOX_MK_FIELD_WAITS + 2 * i], target = inst[TILEVOX_MK_FIELD_WAITS + 2 * i + 1];
-        if (counter < 0 || counter >= prm.num_counters) {
-          raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], counter, 0, target);
-          s = 1;
-          break;
-        }
-        const int* ctr = prm.counters + counter;
-        int value = ld_acquire(ctr);
-        if (value >= target) continue;
-        const uint64_t t0 = global_ns();
-        unsigned sleep_ns = 32;
-        while ((value = ld_acquire(ctr)) < target) {
-          if (ld_volatile(prm.error) != 0) {
-            s = 1;
-            break;
-          }
-          if ((int64_t)(global_ns() - t0) > prm.watchdog_ns) {
-            raise_error(c, TILEVOX_MK_ERROR_WATCHDOG, inst[0], counter, value, target);
-            s = 1;
-            break;
-          }
-          __nanosleep(sleep_ns);
-          sleep_ns = sleep_ns < 256 ? sleep_ns * 2 : 256;
-        }
-      }
-      stop = s;
-    }
-    __syncthreads();
-    if (stop) return;
+    const int* inst = records[pos & 1];
+    // Loads for later, in flight while this instruction waits and runs: the next record, and the
+    // weight ranges of instruction pos + kPrefetchDistance.
+    int next_word = 0;
+    if (record_lane && pos + 1 < n) next_word = queue[(int64_t)(pos + 1) * TILEVOX_MK_INSTRUCTION_WORDS + threadIdx.x];
+    int64_t pf_word = 0;
+    if (prefetch_lane && pos + kPrefetchDistance < n) pf_word = pf_queue[4 * (pos + kPrefetchDistance) + threadIdx.x - 32];
+    if (threadIdx.x == 0 && prof) prof[3 * pos] = (int64_t)global_ns();
     const int signal = inst[TILEVOX_MK_FIELD_SIGNAL];
     bool ok;
     switch (inst[0]) {
@@ -898,7 +1339,7 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(tilevox_megakernel_par
         ok = op_attn_partial(c, inst, extra);
         break;
       case TILEVOX_MK_OP_ATTN_REDUCE:
-        ok = op_attn_reduce(c, inst);
+        ok = op_attn_reduce(c, inst, extra);
         break;
       case TILEVOX_MK_OP_OPROJ_RESIDUAL:
       case TILEVOX_MK_OP_DOWN_RESIDUAL:
@@ -918,14 +1359,24 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(tilevox_megakernel_par
         ok = false;
         break;
     }
-    __syncthreads();
-    // A fault anywhere (this block's threads or another block) stops the block; `ok` is uniform.
-    if (threadIdx.x == 0) stop = !ok || ld_volatile(prm.error) != 0;
-    __syncthreads();
-    if (stop) return;
-    if (threadIdx.x == 0 && signal >= 0) {
-      __threadfence();
-      atomicAdd(prm.counters + signal, 1);
+    if (!ok) return;
+    // The other record buffer is free: nobody reads it before the barrier below.
+    if (record_lane && pos + 1 < n) records[(pos + 1) & 1][threadIdx.x] = next_word;
+    __syncthreads();  // every thread's stores of this instruction precede thread 0's release below
+    if (threadIdx.x == 0) {
+      if (prof) prof[3 * pos + 2] = (int64_t)global_ns();
+      if (signal >= 0) {
+        __threadfence();
+        atomicAdd(prm.counters + signal, 1);
+      }
+    }
+    if (prefetch_lane) {
+      const int64_t a0 = __shfl_sync(0xfu, pf_word, 0), b0 = __shfl_sync(0xfu, pf_word, 1);
+      const int64_t a1 = __shfl_sync(0xfu, pf_word, 2), b1 = __shfl_sync(0xfu, pf_word, 3);
+      if (threadIdx.x == 32) {
+        if (b0 > 0) prefetch_l2(a0, b0);
+        if (b1 > 0) prefetch_l2(a1, b1);
+      }
     }
   }
 }

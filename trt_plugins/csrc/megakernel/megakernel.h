@@ -56,6 +56,13 @@ extern "C" {
  *   buffer_ptrs:   (num_buffers,) device pointers, each a contiguous tensor of its row's shape
  *   counters:      (num_counters,) int32, zeroed by the launch
  *   error:         (TILEVOX_MK_ERROR_WORDS,) int32, zeroed by the launch
+ *   profile:       optional (num_queues, max_queue_len, 3) int64 or null: per instruction the
+ *                  %globaltimer ns when its record was read, when its waits were satisfied and when
+ *                  it finished (before its signal); for the cost model and the benchmarks
+ *   prefetch:      optional (num_queues, max_queue_len, 4) int64 or null: per instruction up to two
+ *                  weight ranges [address, bytes] (bytes 0: none; address and bytes multiples of 16)
+ *                  that the block asks L2 to prefetch a few instructions ahead (a hint only:
+ *                  results never depend on it). Built from the bound pointers by runtime.py.
  */
 typedef struct tilevox_megakernel_params {
   const int32_t* instructions;
@@ -64,6 +71,8 @@ typedef struct tilevox_megakernel_params {
   void* const* buffer_ptrs;
   int32_t* counters;
   int32_t* error;
+  int64_t* profile;
+  const int64_t* prefetch;
   int32_t num_queues;
   int32_t max_queue_len;
   int32_t num_buffers;

@@ -1,0 +1,120 @@
+"""Where a megakernel launch spends its time: per-opcode execution and wait times from the kernel's own
+%globaltimer stamps, and the launch time with and without the L2 weight prefetch, side by side.
+
+Llama-1B full decode step (random bf16 weights on the GPU; `--vocab 128256 --tied` for Llama-3.2-1B,
+default Llasa-1B's untied 193,800) at the given batches and context. Times: CUDA-graph replays, CUDA
+events, median of `--iters`. Usage: python benchmarks/megakernel_profile.py --out profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import statistics
+
+import torch
+
+from engine_builder.regions import RegionSpec, TilingConfig, compile_region
+from engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
+from models.llama.config import LlamaConfig
+from models.llama.weights import random_llama
+from models.sampling import SamplingParams
+from trt_plugins.megakernel.profile import summarize_profile
+from trt_plugins.megakernel.runtime import CudaProgram
+
+
+def _graph_ms(launch, iters: int) -> float:
+    launch.launch(check=False)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        launch.launch(check=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    times = []
+    for i in range(iters + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end))
+    launch.check_error()
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--max-context", type=int, default=1024)
+    parser.add_argument("--vocab", type=int, default=None)
+    parser.add_argument("--tied", action="store_true")
+    parser.add_argument("--matvec-rows", type=int, default=16)
+    parser.add_argument("--lm-head-rows", type=int, default=64)
+    parser.add_argument("--min-partition-tokens", type=int, default=64)
+    parser.add_argument("--iters", type=int, default=20)
+    args = parser.parse_args()
+    config = LlamaConfig.preset("1b")
+    if args.vocab:
+        config = config.with_vocab_size(args.vocab)
+    if args.tied:
+        config = dataclasses.replace(config, tie_word_embeddings=True)
+    model = random_llama(config, seed=0, device="cuda", dtype=torch.bfloat16)
+    tiling = TilingConfig(matvec_rows=args.matvec_rows, lm_head_rows=args.lm_head_rows,
+                          min_partition_tokens=args.min_partition_tokens)  # fmt: skip
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        cache = model.new_cache(max_streams=batch, max_seq_len=args.max_context)
+        slots = [cache.allocate() for _ in range(batch)]
+        cache.k.normal_()
+        cache.v.normal_()
+        cache.lengths = [args.context] * batch
+        region = compile_region(model, RegionSpec.full_step(1), batch_size=batch, max_context=args.max_context,
+                                num_cache_slots=batch, cache_len=args.max_context, num_sms=num_sms, tiling=tiling)
+        tokens = torch.randint(0, config.vocab_size, (batch,), device="cuda")
+        bound = {**llama_decode_inputs(region, cache, slots, tokens),
+                 **sampling_inputs([SamplingParams.greedy()] * batch, seeds=slots)}
+        bound = {name: t.to("cuda") for name, t in bound.items()}
+        program = CudaProgram(region.program)
+        profiled = program.bind(bound, profile=True)
+        profiled.launch(check=True)
+        profiled.launch(check=True)  # second run: warm caches, as in the replays
+        summary = summarize_profile(region.program, profiled.timestamps)
+        row = {
+            "batch": batch,
+            "instructions": len(region.program.instructions),
+            "predicted_ms": region.predicted_time_s * 1e3,
+            "graph_ms_prefetch": _graph_ms(program.bind(bound, prefetch=True), args.iters),
+            "graph_ms_no_prefetch": _graph_ms(program.bind(bound, prefetch=False), args.iters),
+            "profile": summary,
+        }
+        print(f"batch {batch}: {len(region.program.instructions)} instructions, predicted {row['predicted_ms']:.3f} ms, "
+              f"graph {row['graph_ms_prefetch']:.3f} ms (prefetch) / {row['graph_ms_no_prefetch']:.3f} ms (none), "
+              f"profiled span {summary['span_us']:.0f} us, queues busy {summary['mean_queue_busy_pct']:.0f} %")
+        print(f"  {'opcode':<26}{'count':>7}{'exec us':>10}{'median':>9}{'wait us':>10}{'sum exec':>11}{'last end':>10}")
+        for name, o in summary["opcodes"].items():
+            print(f"  {name:<26}{o['count']:>7}{o['exec_us_mean']:>10.2f}{o['exec_us_median']:>9.2f}"
+                  f"{o['wait_us_mean']:>10.2f}{o['total_exec_us']:>11.0f}{o['last_finish_us']:>10.0f}")
+        rows.append(row)
+        del cache, bound, program, profiled
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump({
+            "benchmark": "megakernel per-opcode profile, Llama-1B full decode step",
+            "device": torch.cuda.get_device_name(0), "num_sms": num_sms,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": args.commit,
+            "torch": torch.__version__, "vocab_size": config.vocab_size, "tied": config.tie_word_embeddings,
+            "context": args.context, "max_context": args.max_context, "tiling": dataclasses.asdict(tiling),
+            "rows": rows,
+        }, f, indent=2)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+"""Megakernel backends for the models' per-step regions (models.region_backends), with logged fallback.
+
+Each backend compiles its region lazily per batch size (max context = the model's cache length),
+binds the model's own KV caches, runs the region on the chosen executor (CUDA: the persistent
+megakernel through the `tilevox::megakernel_launch` op; VM: the pure-PyTorch interpreter, on any
+device) and returns exactly what the conventional call returns. Construction raises
+`MegakernelUnavailable` where the region can never run here; a single call it cannot take (batch
+above `max_batch`, sampling the on-device sampler lacks, a prefill) runs the conventional path and
+logs why, once per reason, on the "tilevox.megakernel" logger. Nothing falls back silently.
+
+The code-predictor loop samples on the device with its counter-based RNG (seed, frame x heads +
+head): greedy codes equal the conventional path's (up to bf16 near-ties); sampled codes follow the
+same distribution but are different draws, and the streams' torch generators no longer advance on
+predictor draws, so later talker draws differ too. Imports: torch, models, trt_plugins.megakernel,
+this package.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine_builder.regions.adapters import DecoderView, decoder_view
+from engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs
+from engine_builder.regions.compiler import CompiledRegion, compile_region
+from engine_builder.regions.spec import RegionSpec, TilingConfig
+from models.llama.model import LlamaForCausalLM, LlamaKVCache
+from models.qwen3_tts.code_predictor import CodePredictor
+from models.qwen3_tts.layers import CacheView, KVCache
+from models.qwen3_tts.talker import Talker
+from models.region_backends import (
+    CODE_PREDICTOR_LOOP,
+    DECODER_STEP,
+    TALKER_STEP,
+    PredictorRows,
+    region_names,
+    set_region_backend,
+)
+from models.sampling import SamplingParams
+from trt_plugins.megakernel.instructions import BufferKind
+from trt_plugins.megakernel.vm import TORCH_DTYPES, run_program
+
+__all__ = [
+    "LOGGER_NAME",
+    "MAX_HEAD_DIM",
+    "MAX_ROW_WIDTH",
+    "BackendOptions",
+    "Executor",
+    "MegakernelCodePredictorLoop",
+    "MegakernelDecoderStep",
+    "MegakernelTalkerStep",
+    "MegakernelUnavailable",
+    "install_megakernel_regions",
+    "make_backend",
+    "parse_regions",
+]
+
+LOGGER_NAME = "tilevox.megakernel"
+log = logging.getLogger(LOGGER_NAME)
+
+# The kernel's limits (trt_plugins/csrc/megakernel): TILEVOX_MK_MAX_HEAD_DIM, and kXsFloats, the shared
+# staging buffer one matrix-vector input row must fit in. Checked for both executors, so that the VM
+# proves exactly what the GPU would run.
+MAX_HEAD_DIM = 256
+MAX_ROW_WIDTH = 48 * 1024
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class MegakernelUnavailable(RuntimeError):
+    """The region can never run through the megakernel here; `reason` says why (one line)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Executor(enum.Enum):
+    CUDA = "cuda"  # the persistent megakernel (libtilevox_kernels.so), sm_90
+    VM = "vm"  # trt_plugins.megakernel.vm.run_program: the semantic oracle, any device
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendOptions:
+    """executor; max_batch: larger calls run conventionally; tiling / num_sms: the compiler's (None:
+    TilingConfig() and the device's SM count, or 132 for the VM); watchdog_s: the kernel's per-wait limit."""
+
+    executor: Executor = Executor.CUDA
+    max_batch: int = 64
+    tiling: TilingConfig | None = None
+    num_sms: int | None = None
+    watchdog_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.executor, Executor):
+            raise TypeError(f"executor must be an Executor, got {self.executor!r}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.num_sms is not None and self.num_sms < 1:
+            raise ValueError(f"num_sms must be >= 1, got {self.num_sms}")
+        if not self.watchdog_s > 0:
+            raise ValueError(f"watchdog_s must be > 0, got {self.watchdog_s}")
+
+
+def _check_cuda(device: torch.device) -> None:
+    if not torch.cuda.is_available():
+        raise MegakernelUnavailable("no CUDA device is visible")
+    if device.type != "cuda":
+        raise MegakernelUnavailable(f"the model is on {device}; the megakernel runs on a CUDA device")
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        raise MegakernelUnavailable(f"the GPU is sm_{major}{minor}; the megakernel is built for sm_90 (Hopper)")
+    from trt_plugins.library import KernelLibraryError, kernels_library
+
+    try:
+        lib = kernels_library()
+    except (OSError, KernelLibraryError) as exc:  # not built / unloadable / ABI mismatch
+        raise MegakernelUnavailable(f"kernel library unavailable: {exc}") from exc
+    if not hasattr(lib, "tilevox_megakernel_launch"):
+        raise MegakernelUnavailable("the kernel library predates the megakernel (no tilevox_megakernel_launch)")
+
+
+def _checked_view(module: torch.nn.Module) -> DecoderView:
+    """The compiler's view of `module`, refused where the kernel cannot run it."""
+    try:
+        view = decoder_view(module)
+    except (TypeError, ValueError) as exc:
+        raise MegakernelUnavailable(str(exc)) from exc
+    except AttributeError as exc:  # a layer whose MLP was replaced (fused SwiGLU keeps packed weights only)
+        raise MegakernelUnavailable(
+            f"the model's layers lack the plain projection weights the region reads ({exc}); "
+            "the fused SwiGLU swap removes them: load with --fused-swiglu off"
+        ) from exc
+    if view.dtype not in _DTYPES:
+        raise MegakernelUnavailable(f"dtype {view.dtype} is not one of bf16, fp16, fp32")
+    if view.head_dim % 2 or view.head_dim > MAX_HEAD_DIM:
+        raise MegakernelUnavailable(f"head_dim {view.head_dim} is odd or above the kernel's {MAX_HEAD_DIM}")
+    widths = {"hidden_size": view.hidden_size, "intermediate_size": view.intermediate_size,
+              "input_size": view.input_size, "q width": view.num_heads * view.head_dim}  # fmt: skip
+    for name, width in widths.items():
+        if width > MAX_ROW_WIDTH:
+            raise MegakernelUnavailable(f"{name} {width} exceeds the kernel's row staging of {MAX_ROW_WIDTH}")
+    return view
+
+
+class _CallUnsupported(Exception):
+    """This call cannot run through the region (the reason is logged; the call runs conventionally)."""
+
+
+@dataclass(slots=True)
+class _Compiled:
+    region: CompiledRegion
+    weights: dict[str, torch.Tensor]  # on the model's device
+    launch: object | None = None  # CUDA: the BoundLaunch (inputs are staged into its INPUT buffers)
+
+
+class _RegionRunner:
+    """Compiles one region per batch size (on first use) and runs it on the executor."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        spec: RegionSpec,
+        *,
+        device: torch.device,
+        options: BackendOptions,
+        compile_args: Mapping[str, int],
+    ) -> None:
+        if device.type == "cuda" and device.index is None:  # CudaProgram.bind compares devices exactly
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.module, self.spec, self.device, self.options = module, spec, device, options
+        self.compile_args = dict(compile_args)
+        self._compiled: dict[int, _Compiled] = {}
+        self._failed: dict[int, str] = {}
+        if options.num_sms is not None:
+            self.num_sms = options.num_sms
+        elif options.executor is Executor.CUDA:
+            self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        else:
+            self.num_sms = 132  # H200: the VM runs any queue count; keep the GPU's schedule
+
+    def region(self, batch: int) -> _Compiled:
+        if batch in self._failed:
+            raise _CallUnsupported(self._failed[batch])
+        if batch not in self._compiled:
+            try:
+                region = compile_region(
+                    self.module, self.spec, batch_size=batch, tiling=self.options.tiling, num_sms=self.num_sms,
+                    **self.compile_args,
+                )  # fmt: skip
+            except ValueError as exc:
+                self._failed[batch] = f"batch {batch} does not compile: {exc}"
+                raise _CallUnsupported(self._failed[batch]) from exc
+            weights = {name: t.to(self.device) for name, t in region.weights.items()}
+            self._compiled[batch] = _Compiled(region=region, weights=weights)
+        return self._compiled[batch]
+
+    @torch.no_grad()
+    def run(self, compiled: _Compiled, bound: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run with INPUT and STATE buffers from `bound` (weights come from `compiled`); returns every
+        buffer by name. CUDA: the buffers are the launch's own and are overwritten by the next run."""
+        program = compiled.region.program
+        if self.options.executor is Executor.VM:
+            tensors = {**compiled.weights, **{n: t.to(self.device) for n, t in bound.items()}}
+            return run_program(program, tensors)
+        if compiled.launch is None:
+            compiled.launch = self._bind(compiled, bound)
+        launch = compiled.launch
+        for spec in program.buffers:
+            if spec.kind is BufferKind.INPUT:
+                launch.tensors[spec.name].copy_(bound[spec.name])
+            elif spec.kind is BufferKind.STATE and bound[spec.name].data_ptr() != launch.tensors[spec.name].data_ptr():
+                raise AssertionError(f"{spec.name} moved since the region was bound")  # callers check the cache
+        from trt_plugins.megakernel.torch_op import launch_op
+
+        return launch_op(launch, check=True)
+
+    def _bind(self, compiled: _Compiled, bound: Mapping[str, torch.Tensor]):
+        from trt_plugins.megakernel.runtime import CudaProgram
+
+        tensors = dict(compiled.weights)
+        for spec in compiled.region.program.buffers:
+            if spec.kind is BufferKind.INPUT:  # staging buffers: filled before every launch
+                tensors[spec.name] = torch.empty(spec.shape, dtype=TORCH_DTYPES[spec.dtype], device=self.device)
+            elif spec.kind is BufferKind.STATE:
+                tensors[spec.name] = bound[spec.name]
+        program = CudaProgram(compiled.region.program, device=self.device, watchdog_s=self.options.watchdog_s)
+        return program.bind(tensors)
+
+
+class _Backend:
+    """Shared fallback bookkeeping: counts calls per path, logs each distinct fallback reason once."""
+
+    name: str
+
+    def __init__(self, options: BackendOptions) -> None:
+        self.options = options
+        self.num_megakernel_calls = 0
+        self.num_conventional_calls = 0
+        self._logged: set[str] = set()
+
+    def _fallback(self, reason: str) -> None:
+        self.num_conventional_calls += 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("megakernel region %s: conventional path: %s", self.name, reason)
+
+    def _check_batch(self, batch: int) -> None:
+        if batch > self.options.max_batch:
+            raise _CallUnsupported(f"batch {batch} exceeds max_batch {self.options.max_batch}")
+
+
+def _greedy_inputs(batch: int) -> dict[str, torch.Tensor]:
+    # The decoder regions end with SAMPLE_EMBED; the models sample on the host from the logits, so the
+    # region's own draw (greedy) is discarded.
+    return sampling_inputs([SamplingParams.greedy()] * batch, seeds=[0] * batch)
+
+
+class MegakernelDecoderStep(_Backend):
+    """LlamaForCausalLM.decode as one full-step region (embed, layers, final norm, head)."""
+
+    name = DECODER_STEP
+
+    def __init__(self, llama: LlamaForCausalLM, options: BackendOptions = BackendOptions()) -> None:
+        super().__init__(options)
+        if options.executor is Executor.CUDA:
+            _check_cuda(llama.device)
+        _checked_view(llama)
+        self.llama = llama
+        self._cache: LlamaKVCache | None = None
+        self._runner: _RegionRunner | None = None
+
+    def _runner_for(self, cache: LlamaKVCache) -> _RegionRunner:
+        if self._cache is None:
+            self._cache = cache
+            self._runner = _RegionRunner(
+                self.llama, RegionSpec.full_step(1), device=self.llama.device, options=self.options,
+                compile_args={"max_context": cache.max_seq_len, "num_cache_slots": cache.k.shape[1],
+                              "cache_len": cache.max_seq_len},
+            )  # fmt: skip
+        elif cache is not self._cache:
+            raise _CallUnsupported("the call's KV cache is not the one the region was bound to")
+        return self._runner
+
+    def __call__(self, cache: LlamaKVCache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor:
+        slots = [int(s) for s in slots]
+        malformed = (
+            not slots
+            or token_ids.shape != (len(slots),)
+            or len(set(slots)) != len(slots)
+            or not all(0 <= s < len(cache.lengths) and cache.is_allocated(s) for s in slots)
+            or any(cache.lengths[s] >= cache.max_seq_len for s in slots)
+        )
+        if malformed:  # not a fallback: decode raises its own error for these calls
+            return self.llama.decode(cache, slots, token_ids)
+        try:
+            self._check_batch(len(slots))
+            runner = self._runner_for(cache)
+            compiled = runner.region(len(slots))
+        except _CallUnsupported as exc:
+            self._fallback(str(exc))
+            return self.llama.decode(cache, slots, token_ids)
+        bound = {**llama_decode_inputs(compiled.region, cache, slots, token_ids), **_greedy_inputs(len(slots))}
+        out = runner.run(compiled, {n: t for n, t in bound.items() if n not in compiled.weights})
+        for slot in slots:
+            cache.lengths[slot] += 1
+        self.num_megakernel_calls += 1
+        return out["s0.logits"].clone()
+
+
+class MegakernelTalkerStep(_Backend):
+    """Talker.forward_tokens of one new position per row as a layers + codec-head region."""
+
+    name = TALKER_STEP
+
+    def __init__(self, talker: Talker, options: BackendOptions = BackendOptions()) -> None:
+        super().__init__(options)
+        device = talker.codec_head.weight.device
+        if options.executor is Executor.CUDA:
+            _check_cuda(device)
+        _checked_view(talker)
+        self.talker, self.device = talker, device
+        self._cache: KVCache | None = None
+        self._runner: _RegionRunner | None = None
+
+    def _runner_for(self, cache: KVCache) -> _RegionRunner:
+        if self._cache is None:
+            self._cache = cache
+            self._runner = _RegionRunner(
+                self.talker, RegionSpec(lm_head=True), device=self.device, options=self.options,
+                compile_args={"max_context": cache.max_len, "num_cache_slots": cache.num_slots,
+                              "cache_len": cache.max_len},
+            )  # fmt: skip
+        elif cache is not self._cache:
+            raise _CallUnsupported("the call's KV cache is not the one the region was bound to")
+        return self._runner
+
+    def __call__(self, inputs: torch.Tensor, view: CacheView) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, num_new = inputs.shape[:2]
+        try:
+            if num_new != 1:
+                raise _CallUnsupported(f"{num_new} new positions per row; the region decodes one")
+            if not isinstance(view.slots, torch.Tensor):
+                raise _CallUnsupported("slots given as a slice; the region takes a slot index per row")
+            self._check_batch(batch)
+            runner = self._runner_for(view.cache)
+            compiled = runner.region(batch)
+        except _CallUnsupported as exc:
+            self._fallback(str(exc))
+            return self.talker.forward_tokens(inputs, view)
+        bound = {
+            "x_in": inputs[:, 0],
+            "positions": view.start.to(torch.int64),
+            "slots": view.slots.to(torch.int64),
+            "k_cache": view.cache.keys,
+            "v_cache": view.cache.values,
+            **_greedy_inputs(batch),
+        }
+        out = runner.run(compiled, bound)
+        self.num_megakernel_calls += 1
+        return out["x_normed"].clone(), out["s0.logits"].clone()
+
+
+class MegakernelCodePredictorLoop(_Backend):
+    """CodePredictor.predict as one CODE_PREDICTOR_LOOP region that samples every head on the device."""
+
+    name = CODE_PREDICTOR_LOOP
+
+    def __init__(self, predictor: CodePredictor, options: BackendOptions = BackendOptions()) -> None:
+        super().__init__(options)
+        device = predictor.lm_head[0].weight.device
+        if options.executor is Executor.CUDA:
+            _check_cuda(device)
+        _checked_view(predictor)
+        self.predictor, self.device = predictor, device
+        self._runner = _RegionRunner(
+            predictor, RegionSpec.code_predictor_loop(), device=device, options=options, compile_args={}
+        )
+        self._caches: dict[int, KVCache] = {}  # per batch size: every position is written before it is read
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        code0_embedding: torch.Tensor,
+        choose: Callable[[int, torch.Tensor], torch.Tensor],
+        rows: PredictorRows,
+    ) -> torch.Tensor:
+        batch = hidden.shape[0]
+        try:
+            if len(rows.params) != batch:
+                raise ValueError(f"{len(rows.params)} sampling rows for a batch of {batch}")
+            try:
+                sampling = sampling_inputs(rows.params, rows.seeds, rows.rng_offsets)
+            except ValueError as exc:  # repetition penalty / min_new_tokens: not in SAMPLE_EMBED
+                raise _CallUnsupported(str(exc)) from exc
+            self._check_batch(batch)
+            compiled = self._runner.region(batch)
+        except _CallUnsupported as exc:
+            self._fallback(str(exc))
+            return self.predictor.predict(hidden, code0_embedding, choose)
+        cache = self._caches.get(batch)
+        if cache is None:
+            cache = self._caches[batch] = self.predictor.new_cache(batch)
+        bound = {**code_predictor_inputs(compiled.region, cache, hidden, code0_embedding), **sampling}
+        out = self._runner.run(compiled, {n: t for n, t in bound.items() if n not in compiled.weights})
+        self.num_megakernel_calls += 1
+        return torch.stack([out[f"s{head + 1}.tokens"] for head in range(self.predictor.num_steps)], dim=1)
+
+
+def make_backend(model: object, name: str, options: BackendOptions = BackendOptions()) -> _Backend:
+    """The megakernel backend for region `name` of `model`; raises MegakernelUnavailable."""
+    from models.llasa.model import LlasaModel
+    from models.qwen3_tts.model import Qwen3TTSSpeechModel
+
+    if name not in region_names(model):
+        raise ValueError(f"{type(model).__name__} has no region {name!r}")
+    if isinstance(model, LlasaModel) and name == DECODER_STEP:
+        return MegakernelDecoderStep(model.llama, options)
+    if isinstance(model, Qwen3TTSSpeechModel) and name == TALKER_STEP:
+        return MegakernelTalkerStep(model.talker, options)
+    if isinstance(model, Qwen3TTSSpeechModel) and name == CODE_PREDICTOR_LOOP:
+        return MegakernelCodePredictorLoop(model.talker.code_predictor, options)
+    raise MegakernelUnavailable(f"no megakernel backend for region {name!r} of {type(model).__name__}")
+
+
+def parse_regions(model: object, text: str) -> tuple[str, ...]:
+    """`all`, `none` (or empty) or a comma list of `model`'s region names; ValueError names the valid ones."""
+    names = region_names(model)
+    text = text.strip()
+    if text in ("", "none"):
+        return ()
+    if text == "all":
+        return names
+    asked = list(dict.fromkeys(part.strip() for part in text.split(",")))
+    unknown = [n for n in asked if n not in names]
+    if unknown:
+        valid = ", ".join((*names, "all", "none"))
+        raise ValueError(f"unknown megakernel region(s) {', '.join(map(repr, unknown))}; valid: {valid}")
+    return tuple(asked)
+
+
+def install_megakernel_regions(
+    model: object, names: Iterable[str], options: BackendOptions = BackendOptions()
+) -> dict[str, str | None]:
+    """Route each region in `names` through a megakernel backend. Returns name -> None (installed) or the
+    reason it stays on the conventional path (also logged as a warning)."""
+    result: dict[str, str | None] = {}
+    for name in names:
+        try:
+            backend = make_backend(model, name, options)
+        except MegakernelUnavailable as exc:
+            set_region_backend(model, name, None)
+            log.warning("megakernel region %s: conventional path: %s", name, exc.reason)
+            result[name] = exc.reason
+            continue
+        set_region_backend(model, name, backend)
+        log.info("megakernel region %s: %s executor", name, options.executor.value)
+        result[name] = None
+    return result

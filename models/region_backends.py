@@ -1,0 +1,105 @@
+"""Hooks through which another executor (the engine builder's megakernel) may run a model's per-step regions.
+
+A model lists the regions it exposes in its class attribute `region_names`; each region has an
+instance attribute `<name>_backend`, None for the conventional PyTorch path. A backend is a callable
+with the same signature and results as the conventional call it replaces (the Protocols below), so
+models stay unaware of what runs it. Imports: torch, models.sampling (model types only for typing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from models.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from models.llama.model import LlamaKVCache
+    from models.qwen3_tts.layers import CacheView
+
+__all__ = [
+    "CODE_PREDICTOR_LOOP",
+    "DECODER_STEP",
+    "LLASA_REGIONS",
+    "QWEN3_TTS_REGIONS",
+    "TALKER_STEP",
+    "CodePredictorLoopBackend",
+    "DecoderStepBackend",
+    "PredictorRows",
+    "TalkerStepBackend",
+    "backend_attribute",
+    "region_names",
+    "set_region_backend",
+]
+
+DECODER_STEP = "decoder_step"  # Llasa: one batched Llama decode (embed, layers, head) -> logits
+TALKER_STEP = "talker_step"  # Qwen3-TTS: one talker forward of one position with the codec head
+CODE_PREDICTOR_LOOP = "code_predictor_loop"  # Qwen3-TTS: codebooks 1..Q-1 of one frame
+
+LLASA_REGIONS: tuple[str, ...] = (DECODER_STEP,)
+QWEN3_TTS_REGIONS: tuple[str, ...] = (TALKER_STEP, CODE_PREDICTOR_LOOP)
+
+
+class DecoderStepBackend(Protocol):
+    """As LlamaForCausalLM.decode: append one token per slot, advance cache.lengths, return logits (B, V)."""
+
+    def __call__(self, cache: LlamaKVCache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor: ...
+
+
+class TalkerStepBackend(Protocol):
+    """As Talker.forward_tokens: inputs (B, T, H) at view.start -> (final-norm hidden (B, H), logits (B, V))."""
+
+    def __call__(self, inputs: torch.Tensor, view: CacheView) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PredictorRows:
+    """Per-row sampling for a code-predictor backend that samples by itself (on the device).
+
+    Row b's draw for head j uses the counter-based RNG at (seeds[b], rng_offsets[b] + j): the model
+    passes its stream's seed and frame index x (Q-1), so draws never repeat across a stream's frames
+    and never depend on which other streams share the batch."""
+
+    params: tuple[SamplingParams, ...]
+    seeds: tuple[int, ...]
+    rng_offsets: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not len(self.params) == len(self.seeds) == len(self.rng_offsets):
+            raise ValueError(
+                f"one params, seed and rng offset per row: got {len(self.params)}, {len(self.seeds)}, "
+                f"{len(self.rng_offsets)}"
+            )
+
+
+class CodePredictorLoopBackend(Protocol):
+    """As CodePredictor.predict (codes (B, Q-1) int64). `choose` is the conventional per-head chooser
+    (a backend that cannot run a call uses it); `rows` describes the same sampling for on-device draws."""
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        code0_embedding: torch.Tensor,
+        choose: Callable[[int, torch.Tensor], torch.Tensor],
+        rows: PredictorRows,
+    ) -> torch.Tensor: ...
+
+
+def region_names(model: object) -> tuple[str, ...]:
+    """The regions `model` lets another executor run (empty for models without hooks)."""
+    return tuple(getattr(type(model), "region_names", ()))
+
+
+def backend_attribute(name: str) -> str:
+    return f"{name}_backend"
+
+
+def set_region_backend(model: object, name: str, backend: Callable | None) -> None:
+    """Route region `name` of `model` through `backend` (None: back to the conventional path)."""
+    names = region_names(model)
+    if name not in names:
+        raise ValueError(f"{type(model).__name__} has no region {name!r}; its regions: {', '.join(names) or '(none)'}")
+    setattr(model, backend_attribute(name), backend)

@@ -1,0 +1,57 @@
+"""The megakernel's L2 prefetch table on compiled regions: every instruction's prefetched weight bytes are
+exactly the weight bytes the cost model says it streams (same rows, same matrices), ranges lie inside
+the bound tensors, and the table's layout follows the queues."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_builder.regions import RegionSpec, compile_region
+from trt_plugins.megakernel.instructions import Opcode
+from trt_plugins.megakernel.prefetch import prefetch_table, weight_row_ranges
+
+
+@pytest.mark.parametrize("spec", [RegionSpec.full_step(1), RegionSpec.layers(1, 2)], ids=["full", "layers"])
+def test_prefetched_bytes_equal_the_streamed_weight_bytes(tiny_llama, spec):
+    region = compile_region(tiny_llama, spec, batch_size=3, max_context=40, num_sms=7)
+    program = region.program
+    names = [b.name for b in program.buffers]
+    for inst in program.instructions:
+        ranges = weight_row_ranges(inst, program.constants)
+        got = 0
+        for buffer_id, first, stop in ranges:
+            weight = region.weights[names[buffer_id]]
+            assert 0 <= first < stop <= weight.shape[0]
+            got += (stop - first) * weight.shape[1] * weight.element_size()
+        if inst.opcode in (Opcode.EMBED, Opcode.SAMPLE_EMBED, Opcode.ATTN_PARTIAL, Opcode.ATTN_REDUCE):
+            assert ranges == []
+        else:
+            assert got == inst.weight_bytes, inst.opcode
+
+
+def test_table_rows_follow_the_queues(tiny_llama):
+    region = compile_region(tiny_llama, RegionSpec.full_step(1), batch_size=2, max_context=24, num_sms=5)
+    program = region.program
+    tensors = {name: t.contiguous() for name, t in region.weights.items()}
+    max_len = max(len(q) for q in program.queues)
+    table = prefetch_table(program, tensors, max_len)
+    assert table.shape == (5, max_len, 4)
+    by_address = {t.data_ptr(): (t.data_ptr(), t.numel() * t.element_size()) for t in tensors.values()}
+    names = [b.name for b in program.buffers]
+    for q, queue in enumerate(program.queues):
+        for pos, index in enumerate(queue):
+            inst = program.instructions[index]
+            ranges = weight_row_ranges(inst, program.constants)[:2]
+            for slot, (buffer_id, first, stop) in enumerate(ranges):
+                weight = tensors[names[buffer_id]]
+                row_bytes = weight.shape[1] * weight.element_size()
+                assert table[q, pos, 2 * slot].item() == weight.data_ptr() + first * row_bytes
+                assert table[q, pos, 2 * slot + 1].item() == (stop - first) * row_bytes
+            for slot in range(len(ranges), 2):
+                assert table[q, pos, 2 * slot + 1].item() == 0
+        assert torch.all(table[q, len(queue):] == 0)
+    # Every range lies inside one bound tensor.
+    for address, size in table.view(-1, 2).tolist():
+        if size:
+            assert any(lo <= address and address + size <= lo + n for lo, n in by_address.values())
