@@ -21,7 +21,7 @@ from engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
 from models.llama.config import LlamaConfig
 from models.llama.weights import random_llama
 from models.sampling import SamplingParams
-from trt_plugins.megakernel.profile import summarize_profile
+from trt_plugins.megakernel.profile import fit_streaming_cost, summarize_profile
 from trt_plugins.megakernel.runtime import CudaProgram
 
 
@@ -94,10 +94,13 @@ def main() -> None:
             "graph_ms_prefetch": _graph_ms(program.bind(bound, prefetch=True), args.iters),
             "graph_ms_no_prefetch": _graph_ms(program.bind(bound, prefetch=False), args.iters),
             "profile": summary,
+            "streaming_fit": fit_streaming_cost(summary),
         }
         print(f"batch {batch}: {len(region.program.instructions)} instructions, predicted {row['predicted_ms']:.3f} ms, "
               f"graph {row['graph_ms_prefetch']:.3f} ms (prefetch) / {row['graph_ms_no_prefetch']:.3f} ms (none), "
               f"profiled span {summary['span_us']:.0f} us, queues busy {summary['mean_queue_busy_pct']:.0f} %")
+        fit = row["streaming_fit"]
+        print(f"  matrix-vector fit: {fit['overhead_us']:.2f} us per instruction + bytes at {fit['sm_gb_per_s']:.1f} GB/s per SM")
         print(f"  {'opcode':<26}{'count':>7}{'exec us':>10}{'median':>9}{'wait us':>10}{'sum exec':>11}{'last end':>10}")
         for name, o in summary["opcodes"].items():
             print(f"  {name:<26}{o['count']:>7}{o['exec_us_mean']:>10.2f}{o['exec_us_median']:>9.2f}"

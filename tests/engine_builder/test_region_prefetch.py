@@ -55,3 +55,30 @@ def test_table_rows_follow_the_queues(tiny_llama):
     for address, size in table.view(-1, 2).tolist():
         if size:
             assert any(lo <= address and address + size <= lo + n for lo, n in by_address.values())
+
+
+def test_profile_summary_and_cost_fit(tiny_llama):
+    """Synthetic stamps where every instruction takes 2 us + 1 us per KB and waits 0.5 us: the summary
+    recovers them per opcode and the fit recovers the two constants."""
+    from trt_plugins.megakernel.profile import fit_streaming_cost, summarize_profile
+
+    region = compile_region(tiny_llama, RegionSpec.full_step(1), batch_size=2, max_context=24, num_sms=3)
+    program = region.program
+    max_len = max(len(q) for q in program.queues)
+    stamps = torch.zeros((3, max_len, 3), dtype=torch.int64)
+    for q, queue in enumerate(program.queues):
+        t = 1_000
+        for pos, index in enumerate(queue):
+            inst = program.instructions[index]
+            exec_ns = 2_000 + (inst.weight_bytes + inst.kv_bytes + inst.activation_bytes)  # 1 ns per byte
+            stamps[q, pos] = torch.tensor([t, t + 500, t + 500 + exec_ns])
+            t += 500 + exec_ns
+    summary = summarize_profile(program, stamps)
+    assert summary["opcodes"]["RMSNORM_LMHEAD"]["count"] == sum(
+        1 for i in program.instructions if i.opcode is Opcode.RMSNORM_LMHEAD
+    )
+    for entry in summary["opcodes"].values():
+        assert entry["wait_us_mean"] == pytest.approx(0.5)
+    fit = fit_streaming_cost(summary)
+    assert fit["overhead_us"] == pytest.approx(2.0, abs=1e-6)
+    assert fit["sm_gb_per_s"] == pytest.approx(1.0, rel=1e-6)  # 1 byte per ns
