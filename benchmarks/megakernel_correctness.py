@@ -43,6 +43,10 @@ TILING = TilingConfig(min_partition_tokens=64)
 # PyTorch step is off the fp32 reference by max 0.08-0.09 at max|ref| 4.5-5.7 (1.6-2.0 %).
 DEFAULT_ATOL = 0.02
 DEFAULT_RTOL = 0.03
+# "Within bf16 tolerance" also means: no further from the fp32 reference than the conventional bf16
+# PyTorch step of the same model at the same step, up to this factor. On the H200 (2026-12-02) the tied
+# Llama-3.2-1B at context 300 had the bf16 PyTorch step 0.195 off at max|ref| ~4.7, above atol + rtol.
+DEFAULT_BF16_FACTOR = 1.25
 # Per-step statistics, in this order (one device row per step; one host sync per cell).
 _STEP_FIELDS = ("max_abs_diff", "ref_scale", "bound", "mismatches", "near_ties", "hard_mismatches",
                 "self_argmax_violations", "max_mismatch_gap", "bf16_max_abs_diff", "bf16_mismatches")  # fmt: skip
@@ -50,16 +54,19 @@ _STEP_FIELDS = ("max_abs_diff", "ref_scale", "bound", "mismatches", "near_ties",
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tolerance:
-    """Logits pass when max|mk - ref| <= atol + rtol * max|ref| (per step, over the whole batch); a token
+    """Logits pass when max|mk - ref| <= bound, bound = max(atol + rtol * max|ref|, bf16_factor * max|bf16
+    PyTorch - ref|) per step over the whole batch (the second term only with the bf16 baseline); a token
     that differs from the reference argmax is a near-tie when the reference's logit gap between its
     argmax and the megakernel's token is within that same bound, and a failure otherwise."""
 
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
+    bf16_factor: float = DEFAULT_BF16_FACTOR
 
     def __post_init__(self) -> None:
-        if self.atol < 0 or self.rtol < 0:
-            raise ValueError(f"atol and rtol must be >= 0, got {self.atol}, {self.rtol}")
+        if self.atol < 0 or self.rtol < 0 or self.bf16_factor < 0:
+            raise ValueError(f"atol, rtol and bf16_factor must be >= 0, got {self.atol}, {self.rtol}, "
+                             f"{self.bf16_factor}")
 
 
 class Launcher:
@@ -173,6 +180,8 @@ def _step_stats(mk_logits, mk_tokens, ref, base, tol: Tolerance) -> torch.Tensor
     diff = (mk_logits - ref).abs().amax()
     scale = ref.abs().amax()
     bound = tol.atol + tol.rtol * scale
+    if base is not None:
+        bound = torch.maximum(bound, tol.bf16_factor * (base - ref).abs().amax())
     ref_arg = ref.argmax(-1)
     in_range = (mk_tokens >= 0) & (mk_tokens < vocab)
     tok = mk_tokens.clamp(0, vocab - 1)
@@ -372,7 +381,7 @@ def run(args: argparse.Namespace, save: Callable[[dict], None] | None = None) ->
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
-    tol = Tolerance(atol=args.atol, rtol=args.rtol)
+    tol = Tolerance(atol=args.atol, rtol=args.rtol, bf16_factor=args.bf16_factor)
     config = LLAMA_VARIANTS[args.variant]
     started = time.perf_counter()
     max_context = max(args.contexts) + args.steps
@@ -393,7 +402,8 @@ def run(args: argparse.Namespace, save: Callable[[dict], None] | None = None) ->
         "kv_fill": "keys and values N(0, 1) (bf16 values) at every cached position; row r of a cell "
         "starts at max(1, context - r % 3) cached positions, in a permuted cache slot",
         "teacher_forcing": "every step, both paths get the reference's argmax token",
-        "tolerance": {**asdict(tol), "rule": "per step: max|mk - ref| <= atol + rtol * max|ref| over the batch; "
+        "tolerance": {**asdict(tol), "rule": "per step: max|mk - ref| <= max(atol + rtol * max|ref|, bf16_factor * "
+                      "max|bf16 PyTorch - ref|) over the batch; "
                       "a token != ref argmax is a near-tie if ref[argmax] - ref[token] <= that bound, else a failure"},
         "tiling": asdict(TILING),
         "num_sms": args.num_sms,
@@ -494,6 +504,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="greedy steps per cell (default 64)")
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL)
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL)
+    parser.add_argument("--bf16-factor", type=float, default=DEFAULT_BF16_FACTOR,
+                        help="also accept errors up to this multiple of the bf16 PyTorch step's (0: off)")
     parser.add_argument("--check-batch", type=int, default=7, help="batch of the split-region and graph checks")
     parser.add_argument("--check-context", type=int, default=100)
     parser.add_argument("--check-steps", type=int, default=8)
