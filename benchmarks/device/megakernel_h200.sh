@@ -1,34 +1,32 @@
 #!/usr/bin/env bash
-# H200 megakernel verification: (A) the correctness matrix against the fp32 PyTorch reference, then (B) the
-# megakernel vs conventional benchmarks, within ~8 minutes (each step under its own timeout; both scripts
-# rewrite their JSON after every cell/row, so a step cut short keeps what it finished). Run through the
-# device tool from the repo root, carrying the kernel library built here (`python -m trt_plugins.build`):
+# H200 megakernel verification, as run through the device tool (one call, ~8 minutes): the GPU tests, (A) the
+# correctness matrix against the fp32 PyTorch reference, the per-opcode profile, then (B) the megakernel vs
+# conventional benchmarks (torch.compile at batch 1 only, last). Run from the repo root, carrying the kernel
+# library built here (`python -m trt_plugins.build`) and the server wheels the CLI tests import:
 #   run(command="COMMIT=<sha> bash benchmarks/device/megakernel_h200.sh",
-#       carry=["trt_plugins/build/libtilevox_kernels.so"])
-# The device has torch 2.11+cu130 and no network. Writes to $OUT: gpu.txt, megakernel_correctness_h200.json
-# (+ _tied), megakernel_h200.json and a .log per step; the last lines of each log hold the tables.
+#       carry=["trt_plugins/build/libtilevox_kernels.so", ".whl"])
+# The device has torch 2.11+cu130 and no network. Results (JSON + logs) go to $OUT; the committed copies are
+# benchmarks/results/megakernel_*_h200.*.
 set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-export TILEVOX_KERNELS_LIB=$PWD/trt_plugins/build/libtilevox_kernels.so
+if [ -d .whl ]; then pip install --no-index --no-deps --target /tmp/site .whl/*.whl -q; fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export TILEVOX_KERNELS_LIB=${TILEVOX_KERNELS_LIB:-$PWD/trt_plugins/build/libtilevox_kernels.so}
 COMMIT=${COMMIT:-unknown}
 if [ ! -f "$TILEVOX_KERNELS_LIB" ]; then
   echo "missing $TILEVOX_KERNELS_LIB: build it here and carry it" | tee "$OUT/error.txt"
   exit 1
 fi
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt"
-
-# A: Llama-1B shapes (models.llama "1b" preset: Llasa-1B's untied 193,800 vocabulary), batches 1 2 7 32 64,
-# contexts 1 100 1000 4000, 64 greedy steps each, split-region and CUDA-graph checks.
-timeout 200 python3 benchmarks/megakernel_correctness.py --commit "$COMMIT" \
-  --out "$OUT/megakernel_correctness_h200.json" 2>&1 | tee "$OUT/megakernel_correctness.log"
-echo "exit ${PIPESTATUS[0]} (124: timeout)" | tee -a "$OUT/megakernel_correctness.log"
-# A, quick, on the tied Llama-3.2-1B (128,256 vocabulary): batches 1 7 64, contexts 1 1000, 8 steps.
-timeout 45 python3 benchmarks/megakernel_correctness.py --commit "$COMMIT" --variant llama-3.2-1b --quick \
-  --steps 8 --out "$OUT/megakernel_correctness_h200_tied.json" 2>&1 | tee "$OUT/megakernel_correctness_tied.log"
-echo "exit ${PIPESTATUS[0]} (124: timeout)" | tee -a "$OUT/megakernel_correctness_tied.log"
-
-# B: Llama-3.2-1B and Llasa-1B decode steps, Qwen3-TTS-0.6B frames, batches 1 8 32; torch.compile
-# (reduce-overhead) at batch 1 only, run after every other timing (the targets first).
-timeout 240 python3 benchmarks/megakernel_h200.py --commit "$COMMIT" --compile-batches 1 \
-  --out "$OUT/megakernel_h200.json" 2>&1 | tee "$OUT/megakernel_h200.log"
-echo "exit ${PIPESTATUS[0]} (124: timeout)" | tee -a "$OUT/megakernel_h200.log"
+nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"; date -u >> "$OUT/gpu.txt"
+timeout 150 python3 -m pytest -q -m gpu tests/trt_plugins/megakernel tests/engine_builder/test_region_backends_cuda.py \
+  tests/server/test_cli_megakernel.py -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+tail -4 "$OUT/gpu_tests.log"
+# A: Llasa-1B shapes (193,800-token untied head), batches 1 2 7 32 64 x contexts 1 100 1000 4000, 64 greedy
+# steps each, split-region and CUDA-graph checks.
+timeout 170 python3 benchmarks/megakernel_correctness.py --commit "$COMMIT" \
+  --out "$OUT/megakernel_correctness_h200.json" > "$OUT/correctness.log" 2>&1
+tail -27 "$OUT/correctness.log"
+timeout 40 python3 benchmarks/megakernel_profile.py --out "$OUT/profile.json" --batches 1,32 --commit "$COMMIT" 2>&1 | tail -26
+# B: Llama-3.2-1B and Llasa-1B decode steps, Qwen3-TTS-0.6B frames, batches 1 8 32.
+timeout 330 python3 benchmarks/megakernel_h200.py --commit "$COMMIT" --compile-batches 1 \
+  --out "$OUT/megakernel_h200.json" > "$OUT/bench.log" 2>&1
+grep -v "^ \|^V1\|^I1\|^W1" "$OUT/bench.log" | tail -16
