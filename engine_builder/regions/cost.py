@@ -2,7 +2,7 @@
 
 time = max(bytes / per-SM bandwidth, flops / per-SM throughput) + a fixed instruction overhead, plus
 a synchronisation latency per counter wait. Every constant is named, sourced and dated; the
-latencies are assumptions to be replaced by the H200 measurements of issue 6.
+overhead and streaming rate are H200 measurements, the hand-off latency an assumption.
 Imports: stdlib and trt_plugins.megakernel.instructions.
 """
 
@@ -22,8 +22,10 @@ class DeviceCosts:
     hbm_bytes_per_s: float
     dense_flops_per_s: float  # bf16 tensor-core, dense
     activation_bytes_per_s: float  # activations and replicated norm gains: mostly L2 hits on the GPU
-    instruction_overhead_s: float  # decode a record, set up pipelines (assumed)
+    instruction_overhead_s: float  # decode a record, stage inputs, reduce, signal
     wait_latency_s: float  # one cross-SM counter hand-off through global memory (assumed)
+    # Streaming rate one SM achieves inside the megakernel (measured); None: an equal share of HBM.
+    sm_stream_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_sms < 1:
@@ -33,11 +35,14 @@ class DeviceCosts:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.instruction_overhead_s < 0 or self.wait_latency_s < 0:
             raise ValueError("latencies must be >= 0")
+        if self.sm_stream_bytes_per_s is not None and not self.sm_stream_bytes_per_s > 0:
+            raise ValueError(f"sm_stream_bytes_per_s must be > 0, got {self.sm_stream_bytes_per_s}")
 
     @property
     def sm_bytes_per_s(self) -> float:
-        # With every SM streaming, each gets an equal share of HBM bandwidth.
-        return self.hbm_bytes_per_s / self.num_sms
+        # With every SM streaming, each gets at most an equal share of HBM bandwidth.
+        share = self.hbm_bytes_per_s / self.num_sms
+        return share if self.sm_stream_bytes_per_s is None else min(share, self.sm_stream_bytes_per_s)
 
     @property
     def sm_activation_bytes_per_s(self) -> float:
@@ -49,17 +54,19 @@ class DeviceCosts:
 
 
 # NVIDIA H200 SXM datasheet (retrieved 2026-12-02): 4.8 TB/s HBM3e, 989 TFLOPS dense BF16 (1,979 with
-# sparsity), 132 SMs. Assumptions (2026-12-02), to be replaced by issue 6's H200 measurements: 0.2 us
-# per instruction; 0.7 us per counter hand-off, of the order of one HBM round trip (~0.5 us measured on
-# MI300X, megakernels.md 4.1); activation traffic at the HBM rate (pessimistic: no L2 figure measured).
+# sparsity), 132 SMs. Measured on an H200 (2026-12-02, benchmarks/results/megakernel_profile_h200.json,
+# Llama-1B step at batch 1, fit over the matrix-vector opcodes): 1.2 us per instruction plus its bytes at
+# 22 GB/s per SM. Assumed: 0.7 us per counter hand-off, of the order of one HBM round trip (~0.5 us
+# measured on MI300X, megakernels.md 4.1); activation traffic at the HBM rate (no L2 figure measured).
 H200 = DeviceCosts(
     name="H200-SXM",
     num_sms=132,
     hbm_bytes_per_s=4.8e12,
     dense_flops_per_s=989e12,
     activation_bytes_per_s=4.8e12,
-    instruction_overhead_s=0.2e-6,
+    instruction_overhead_s=1.2e-6,
     wait_latency_s=0.7e-6,
+    sm_stream_bytes_per_s=22.2e9,
 )
 
 
