@@ -54,7 +54,7 @@ class DeviceCosts:
 
 
 # NVIDIA H200 SXM datasheet (retrieved 2026-12-02): 4.8 TB/s HBM3e, 989 TFLOPS dense BF16 (1,979 with
-# sparsity), 132 SMs. Measured on an H200 (2026-12-02, benchmarks/results/megakernel_profile_h200.json,
+# sparsity), 132 SMs. Measured on an H200 (2026-12-02, benchmarks/results/megakernel_profile_h200_bab722a.json,
 # Llama-1B step at batch 1, fit over the matrix-vector opcodes): 1.2 us per instruction plus its bytes at
 # 22 GB/s per SM. Assumed: 0.7 us per counter hand-off, of the order of one HBM round trip (~0.5 us
 # measured on MI300X, megakernels.md 4.1); activation traffic at the HBM rate (no L2 figure measured).
