@@ -3,10 +3,11 @@
  *
  * One launch runs a whole compiled region: one block per instruction queue (the launcher refuses
  * more queues than can be co-resident on the device), each block interpreting its queue of
- * 48-word records (instructions.h) in order. Before an instruction a block spin-waits (acquire
- * loads, __nanosleep backoff) until every awaited counter reaches its target; after it, a
+ * 48-word records (instructions.h) in order. An instruction issues its weight loads, then spin-waits
+ * (acquire loads, __nanosleep backoff) until every awaited counter reaches its target; after it, a
  * __threadfence() and an atomicAdd on its signal counter release its writes. The semantics of every
- * opcode are those of trt_plugins/megakernel/vm.py (fp32 accumulation, CUDA-core matrix-vector).
+ * opcode are those of trt_plugins/megakernel/vm.py (fp32 accumulation; bf16 matrix-vector tiles on
+ * tensor cores, others on CUDA cores; sums in a different order, so equal to fp32 rounding).
  *
  * Counter reset (CUDA-graph replay): the launcher enqueues cudaMemsetAsync of the counters and of
  * the error words on the launch stream before the kernel, so a captured graph holds two memset
