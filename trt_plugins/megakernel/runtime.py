@@ -114,10 +114,12 @@ class CudaProgram:
         self.buffer_table = packed["buffer_table"].to(device).contiguous()
         self.lib = _library()
 
-    def bind(self, bound: Mapping[str, torch.Tensor], *, prefetch: bool = True, profile: bool = False) -> BoundLaunch:
+    def bind(self, bound: Mapping[str, torch.Tensor], *, prefetch: bool = False, profile: bool = False) -> BoundLaunch:
         """Check `bound` against the buffer specs and allocate the rest; the tensors must stay alive and
         in place for as long as the BoundLaunch is launched (a CUDA graph replays their addresses).
-        prefetch: pass the L2 weight-prefetch table (a hint; results are identical without it).
+        prefetch: pass the L2 weight-prefetch table (a hint; results are identical without it). Off by
+            default: on the H200 (2026-12-02, same-run comparison, megakernel_profile_h200_bab722a.json) it
+            made the Llama-1B step 4-8 % slower, since the weight loads already start before the waits.
         profile: record per-instruction timestamps of every launch (`BoundLaunch.profile`)."""
         specs = {spec.name: spec for spec in self.program.buffers}
         unknown = sorted(set(bound) - set(specs))
@@ -153,7 +155,7 @@ class BoundLaunch:
 
     program: CudaProgram
     tensors: dict[str, torch.Tensor]
-    prefetch: bool = True
+    prefetch: bool = False
     profile: bool = False
 
     def __post_init__(self) -> None:
