@@ -12,10 +12,16 @@ import argparse
 import dataclasses
 import datetime
 import json
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.megakernel_h200 import capture, median_ms  # noqa: E402
 from engine_builder.regions import RegionSpec, TilingConfig, compile_region
 from engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
 from models.llama.config import LlamaConfig
@@ -26,24 +32,12 @@ from trt_plugins.megakernel.runtime import CudaProgram
 
 
 def _graph_ms(launch, iters: int) -> float:
-    launch.launch(check=False)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        launch.launch(check=False)
-    torch.cuda.current_stream().wait_stream(stream)
-    times = []
-    for i in range(iters + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        if i >= 3:
-            times.append(start.elapsed_time(end))
+    """Median CUDA-graph replay time of one launch (the benchmark's own capture and timer)."""
+    device = launch.program.device
+    replay = capture(lambda: launch.launch(check=False), device)
+    ms = median_ms(replay, iters=iters, warmup=3, device=device)
     launch.check_error()
-    return statistics.median(times)
+    return ms
 
 
 def main() -> None:
