@@ -15,7 +15,7 @@ RUN apt-get update \
     && python3 -m venv /opt/build \
     && /opt/build/bin/pip install --no-deps nvidia-cutlass==4.2.0.0
 COPY trt_plugins /src/trt_plugins
-RUN cd /src && /opt/build/bin/python -m trt_plugins.build --out /out --jobs 4
+RUN cd /src && /opt/build/bin/python -m tilevox.trt_plugins.build --out /out --jobs 4
 
 FROM nvidia/cuda:13.0.0-base-ubuntu24.04
 

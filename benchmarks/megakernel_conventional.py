@@ -16,12 +16,12 @@ from collections.abc import Sequence
 
 import torch
 
-from models.llama.config import LlamaConfig
-from models.llama.model import LlamaForCausalLM, LlamaKVCache
-from models.qwen3_tts.config import Qwen3TTSConfig
-from models.qwen3_tts.layers import CacheView
-from models.qwen3_tts.loader import preset_config_dict, randomize_network_
-from models.qwen3_tts.talker import Talker
+from tilevox.models.llama.config import LlamaConfig
+from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
+from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
+from tilevox.models.qwen3_tts.layers import CacheView
+from tilevox.models.qwen3_tts.loader import preset_config_dict, randomize_network_
+from tilevox.models.qwen3_tts.talker import Talker
 
 __all__ = [
     "LLAMA_VARIANTS",

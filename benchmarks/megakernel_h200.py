@@ -37,10 +37,10 @@ from benchmarks.megakernel_conventional import (  # noqa: E402
     random_talker,
 )
 from benchmarks.megakernel_correctness import Launcher  # noqa: E402
-from engine_builder.regions import RegionSpec, TilingConfig, compile_region  # noqa: E402
-from engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs  # noqa: E402
-from models.qwen3_tts.talker import Talker  # noqa: E402
-from models.sampling import SamplingParams  # noqa: E402
+from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region  # noqa: E402
+from tilevox.engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs  # noqa: E402
+from tilevox.models.qwen3_tts.talker import Talker  # noqa: E402
+from tilevox.models.sampling import SamplingParams  # noqa: E402
 
 TILING = TilingConfig(min_partition_tokens=64)  # as benchmarks/megakernel_correctness.py
 FLOOR_BANDWIDTH_BYTES_S = 4.8e12  # H200 HBM3e peak: the weight-read floor

@@ -22,13 +22,13 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.megakernel_h200 import capture, median_ms  # noqa: E402
-from engine_builder.regions import RegionSpec, TilingConfig, compile_region
-from engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
-from models.llama.config import LlamaConfig
-from models.llama.weights import random_llama
-from models.sampling import SamplingParams
-from trt_plugins.megakernel.profile import fit_streaming_cost, summarize_profile
-from trt_plugins.megakernel.runtime import CudaProgram
+from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
+from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
+from tilevox.models.llama.config import LlamaConfig
+from tilevox.models.llama.weights import random_llama
+from tilevox.models.sampling import SamplingParams
+from tilevox.trt_plugins.megakernel.profile import fit_streaming_cost, summarize_profile
+from tilevox.trt_plugins.megakernel.runtime import CudaProgram
 
 
 def _graph_ms(launch, iters: int) -> float:

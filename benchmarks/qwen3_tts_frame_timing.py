@@ -26,10 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-from models.qwen3_tts.layers import CacheView  # noqa: E402
-from models.qwen3_tts.loader import load_preset  # noqa: E402
-from models.qwen3_tts.model import ModelOptions  # noqa: E402
-from models.registry import parse_dtype  # noqa: E402
+from tilevox.models.qwen3_tts.layers import CacheView  # noqa: E402
+from tilevox.models.qwen3_tts.loader import load_preset  # noqa: E402
+from tilevox.models.qwen3_tts.model import ModelOptions  # noqa: E402
+from tilevox.models.registry import parse_dtype  # noqa: E402
 
 PARTS = ("talker_step", "predictor_steps", "codec_decode_frame")
 

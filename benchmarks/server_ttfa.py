@@ -116,7 +116,7 @@ async def _level(base: str, concurrency: int, rounds: int, max_duration_s: float
 
 def _start_server(args) -> tuple[subprocess.Popen, str]:
     http_port, grpc_port = _free_port(), _free_port()
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--model", args.model, "--device", args.device,
+    cmd = [sys.executable, "-m", "tilevox.server.cli", "serve", "--model", args.model, "--device", args.device,
            "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
     if args.dtype:
         cmd += ["--dtype", args.dtype]

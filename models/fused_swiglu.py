@@ -34,7 +34,7 @@ def fused_swiglu_unavailable_reason(device: torch.device, dtype: torch.dtype) ->
         return f"GPU compute capability is {capability[0]}.{capability[1]}, the kernels are built for sm_90a"
     if dtype != torch.bfloat16:
         return f"dtype is {dtype}, the fused SwiGLU kernels take bf16"
-    from trt_plugins.library import KernelLibraryError, KernelLibraryNotFoundError, kernels_library
+    from tilevox.trt_plugins.library import KernelLibraryError, KernelLibraryNotFoundError, kernels_library
 
     try:
         kernels_library()
@@ -57,7 +57,7 @@ def apply_fused_swiglu(roots: tuple[nn.Module, ...], mode: FusedSwiglu) -> int:
     """Replace every SwiGLU MLP under `roots`; returns how many were replaced."""
     if mode is FusedSwiglu.OFF:
         return 0
-    from trt_plugins.ops import SwigluMLP, layout_for_device
+    from tilevox.trt_plugins.ops import SwigluMLP, layout_for_device
 
     count = 0
     for root in roots:

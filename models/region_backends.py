@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from models.sampling import SamplingParams
+from tilevox.models.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from models.llama.model import LlamaKVCache
-    from models.qwen3_tts.layers import CacheView
+    from tilevox.models.llama.model import LlamaKVCache
+    from tilevox.models.qwen3_tts.layers import CacheView
 
 __all__ = [
     "CODE_PREDICTOR_LOOP",

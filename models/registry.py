@@ -12,25 +12,25 @@ from pathlib import Path
 
 import torch
 
-from models.errors import CheckpointError
-from models.fused_swiglu import FusedSwiglu, apply_fused_swiglu
-from models.streaming import SpeechModel
+from tilevox.models.errors import CheckpointError
+from tilevox.models.fused_swiglu import FusedSwiglu, apply_fused_swiglu
+from tilevox.models.streaming import SpeechModel
 
 __all__ = ["DTYPES", "PRESETS", "load_model", "parse_dtype"]
 
 # preset name -> "module:function" taking (preset_name, *, device, dtype) -> SpeechModel
 PRESETS: dict[str, str] = {
-    "llama-tiny": "models.llasa.loader:load_preset",
-    "llama-1b": "models.llasa.loader:load_preset",
-    "qwen3-tts-tiny": "models.qwen3_tts.loader:load_preset",
-    "qwen3-tts-0.6b": "models.qwen3_tts.loader:load_preset",
-    "qwen3-tts-1.7b": "models.qwen3_tts.loader:load_preset",
+    "llama-tiny": "tilevox.models.llasa.loader:load_preset",
+    "llama-1b": "tilevox.models.llasa.loader:load_preset",
+    "qwen3-tts-tiny": "tilevox.models.qwen3_tts.loader:load_preset",
+    "qwen3-tts-0.6b": "tilevox.models.qwen3_tts.loader:load_preset",
+    "qwen3-tts-1.7b": "tilevox.models.qwen3_tts.loader:load_preset",
 }
 
 # config.json "model_type" -> "module:function" taking (checkpoint_dir, *, device, dtype) -> SpeechModel
 CHECKPOINT_TYPES: dict[str, str] = {
-    "llama": "models.llasa.loader:load_checkpoint",
-    "qwen3_tts": "models.qwen3_tts.loader:load_checkpoint",
+    "llama": "tilevox.models.llasa.loader:load_checkpoint",
+    "qwen3_tts": "tilevox.models.qwen3_tts.loader:load_checkpoint",
 }
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

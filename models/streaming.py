@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from models.sampling import SamplingParams
+from tilevox.models.sampling import SamplingParams
 
 __all__ = [
     "AudioChunk",

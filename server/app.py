@@ -21,16 +21,16 @@ import grpc
 import uvicorn
 from fastapi import WebSocket
 
-from models.streaming import SpeechModel, SynthesisRequest
-from server.config import ServerConfig
-from server.grpc_service import add_to_server
-from server.http_api import build_http_app
-from server.logs import log_event
-from server.metrics import ServerMetrics
-from server.scheduler import Scheduler
-from server.state import ServerState
-from server.voices import VoiceCatalog
-from server.ws import serve_websocket
+from tilevox.models.streaming import SpeechModel, SynthesisRequest
+from tilevox.server.config import ServerConfig
+from tilevox.server.grpc_service import add_to_server
+from tilevox.server.http_api import build_http_app
+from tilevox.server.logs import log_event
+from tilevox.server.metrics import ServerMetrics
+from tilevox.server.scheduler import Scheduler
+from tilevox.server.state import ServerState
+from tilevox.server.voices import VoiceCatalog
+from tilevox.server.ws import serve_websocket
 
 __all__ = ["ServerHandle", "build_state", "serve"]
 

@@ -56,7 +56,7 @@ def _megakernel_asked(args: argparse.Namespace) -> bool:
 def _fused_swiglu_mode(args: argparse.Namespace):
     """The fused SwiGLU swap replaces the MLP weights the megakernel regions read, so `auto` leaves it
     off when regions are asked for (`on` is honoured, and those regions then log why they cannot run)."""
-    from models.fused_swiglu import FusedSwiglu
+    from tilevox.models.fused_swiglu import FusedSwiglu
 
     mode = FusedSwiglu(args.fused_swiglu)
     if mode is FusedSwiglu.AUTO and _megakernel_asked(args):
@@ -69,7 +69,7 @@ def _install_megakernel(model, args: argparse.Namespace) -> None:
     """Route the asked regions through the megakernel; unknown names are a usage error (ValueError)."""
     if not _megakernel_asked(args):
         return
-    from engine_builder.regions import BackendOptions, Executor, install_megakernel_regions, parse_regions
+    from tilevox.engine_builder.regions import BackendOptions, Executor, install_megakernel_regions, parse_regions
 
     names = parse_regions(model, args.megakernel)
     install_megakernel_regions(model, names, BackendOptions(executor=Executor(args.megakernel_executor)))
@@ -78,9 +78,9 @@ def _install_megakernel(model, args: argparse.Namespace) -> None:
 def _run_synth(args: argparse.Namespace) -> int:
     import soundfile
 
-    from models.registry import load_model, parse_dtype
-    from models.sampling import SamplingParams
-    from models.streaming import SynthesisRequest, synthesize
+    from tilevox.models.registry import load_model, parse_dtype
+    from tilevox.models.sampling import SamplingParams
+    from tilevox.models.streaming import SynthesisRequest, synthesize
 
     dtype = parse_dtype(args.dtype or ("bf16" if args.device == "cuda" else "fp32"))
     if not args.text.strip():
@@ -139,10 +139,10 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     import torch
 
-    from models.registry import load_model, parse_dtype
-    from server.app import serve
-    from server.config import DEFAULT_MODEL, ServerConfig
-    from server.logs import configure_logging
+    from tilevox.models.registry import load_model, parse_dtype
+    from tilevox.server.app import serve
+    from tilevox.server.config import DEFAULT_MODEL, ServerConfig
+    from tilevox.server.logs import configure_logging
 
     configure_logging(logging.INFO)
     if args.model is None:

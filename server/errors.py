@@ -6,6 +6,7 @@ type/code, gRPC status code, and the WebSocket error event code.
     OverloadedError              no slot and no queue place         -> 429 / RESOURCE_EXHAUSTED
     ShuttingDownError            draining after SIGTERM             -> 503 / UNAVAILABLE
     SynthesisFailed              the model raised                   -> 500 / INTERNAL
+    StreamTruncated              cut before its end (drain deadline) -> 503 / ABORTED, code "truncated"
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from server.protocol import ApiError
-from server.scheduler import OverloadedError, ShuttingDownError, SynthesisFailed
+from tilevox.server.protocol import ApiError
+from tilevox.server.scheduler import OverloadedError, ShuttingDownError, StreamTruncated, SynthesisFailed
 
 __all__ = ["MappedError", "map_exception"]
 
@@ -44,6 +45,8 @@ def map_exception(exc: BaseException) -> MappedError | None:
         return MappedError(429, grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded", "rate_limit_exceeded", str(exc))
     if isinstance(exc, ShuttingDownError):
         return MappedError(503, grpc.StatusCode.UNAVAILABLE, "shutting_down", "server_error", str(exc))
+    if isinstance(exc, StreamTruncated):
+        return MappedError(503, grpc.StatusCode.ABORTED, "truncated", "server_error", str(exc))
     if isinstance(exc, SynthesisFailed):
         return MappedError(500, grpc.StatusCode.INTERNAL, "synthesis_failed", "server_error", str(exc))
     if isinstance(exc, ValueError):  # models.errors.RequestError and SynthesisRequest validation

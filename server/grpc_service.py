@@ -18,13 +18,13 @@ import logging
 import grpc
 from riva.client.proto import riva_audio_pb2, riva_tts_pb2, riva_tts_pb2_grpc
 
-from models.sampling import SamplingParams
-from models.streaming import SynthesisRequest
-from server.audio import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ, AudioFormat, StreamEncoder
-from server.errors import map_exception
-from server.logs import log_event
-from server.protocol import ApiError
-from server.state import ServerState, bearer_token, new_request_id
+from tilevox.models.sampling import SamplingParams
+from tilevox.models.streaming import SynthesisRequest
+from tilevox.server.audio import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ, AudioFormat, StreamEncoder
+from tilevox.server.errors import map_exception
+from tilevox.server.logs import log_event
+from tilevox.server.protocol import ApiError
+from tilevox.server.state import ServerState, bearer_token, new_request_id
 
 __all__ = ["RivaSynthesisService", "add_to_server", "riva_language_code", "riva_voice_prefix"]
 

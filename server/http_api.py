@@ -16,12 +16,12 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from server.audio import StreamEncoder
-from server.errors import map_exception
-from server.logs import log_event
-from server.protocol import ApiError, StreamFormat, parse_speech_request
-from server.scheduler import StreamHandle
-from server.state import ServerState, bearer_token, new_request_id
+from tilevox.server.audio import StreamEncoder
+from tilevox.server.errors import map_exception
+from tilevox.server.logs import log_event
+from tilevox.server.protocol import ApiError, StreamFormat, parse_speech_request
+from tilevox.server.scheduler import StreamHandle
+from tilevox.server.state import ServerState, bearer_token, new_request_id
 
 __all__ = ["build_http_app"]
 

@@ -8,17 +8,19 @@ offending parameter and a message. No sockets, no model calls: tested with dicts
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
-from models.sampling import SamplingParams
-from models.streaming import SynthesisRequest
-from server.audio import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ, AudioFormat
-from server.voices import VoiceCatalog
+from tilevox.models.sampling import SamplingParams
+from tilevox.models.streaming import SynthesisRequest
+from tilevox.server.audio import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ, AudioFormat
+from tilevox.server.voices import VoiceCatalog
 
-__all__ = ["ApiError", "SpeechParams", "StreamFormat", "parse_speech_request"]
+__all__ = ["MAX_JSON_DEPTH", "ApiError", "SpeechParams", "StreamFormat", "check_text", "loads_json", "parse_speech_request"]
 
 MULAW_RATE_HZ = 8000  # telephony
+MAX_JSON_DEPTH = 32  # nesting of a request body or WebSocket message; deeper is refused before parsing
 
 
 class ApiError(Exception):
@@ -34,6 +36,52 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _json_depth(raw: str | bytes) -> int:
+    """Deepest bracket nesting of a JSON document, ignoring brackets inside strings (one linear scan)."""
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def loads_json(raw: str | bytes, *, what: str = "request body") -> object:
+    """`json.loads` for client input: too deep nesting and malformed JSON/UTF-8 become ApiError 400
+    (never a RecursionError or a 500)."""
+    if _json_depth(raw) > MAX_JSON_DEPTH:
+        raise ApiError(400, f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"{what} is not valid JSON: {exc}") from None
+
+
+def check_text(text: str, *, param: str) -> str:
+    """Text that will reach a tokenizer: refuse lone surrogates (not encodable as UTF-8) and NUL with a
+    400 naming `param`, before any model code sees it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"{param} contains an unpaired surrogate at position {exc.start}; send valid Unicode", param=param) from None
+    if "\x00" in text:
+        raise ApiError(400, f"{param} contains a NUL character", param=param)
+    return text
 
 
 class StreamFormat:

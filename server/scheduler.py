@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest
-from server.metrics import ServerMetrics
+from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest
+from tilevox.server.metrics import ServerMetrics
 
-__all__ = ["OverloadedError", "Scheduler", "ShuttingDownError", "StreamHandle", "StreamStats", "SynthesisFailed"]
+__all__ = [
+    "OverloadedError", "Scheduler", "ShuttingDownError", "StreamHandle", "StreamStats", "StreamTruncated", "SynthesisFailed",
+]
 
 log = logging.getLogger("tilevox.scheduler")
 
@@ -38,6 +40,13 @@ class ShuttingDownError(RuntimeError):
 
 class SynthesisFailed(RuntimeError):
     """The model raised while opening or stepping this stream (HTTP 500 / INTERNAL)."""
+
+
+class StreamTruncated(RuntimeError):
+    """The stream was cut before its end (the drain deadline passed, or the server stopped): raised
+    from the handle's iteration after the audio already delivered, so no surface can mistake a cut
+    stream for a finished one (HTTP: aborted body / SSE error event, WS `error` code `truncated`,
+    gRPC ABORTED)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

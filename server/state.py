@@ -10,11 +10,11 @@ import itertools
 import os
 from dataclasses import dataclass, field
 
-from models.streaming import SpeechModel
-from server.config import ServerConfig
-from server.metrics import ServerMetrics
-from server.scheduler import Scheduler
-from server.voices import VoiceCatalog
+from tilevox.models.streaming import SpeechModel
+from tilevox.server.config import ServerConfig
+from tilevox.server.metrics import ServerMetrics
+from tilevox.server.scheduler import Scheduler
+from tilevox.server.voices import VoiceCatalog
 
 __all__ = ["ServerState", "new_request_id"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.streaming import SpeechModel
+from tilevox.models.streaming import SpeechModel
 
 __all__ = ["OPENAI_MODELS", "OPENAI_VOICES", "VoiceCatalog"]
 

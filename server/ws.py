@@ -21,12 +21,12 @@ import time
 
 from fastapi import WebSocket, WebSocketDisconnect
 
-from server.audio import AudioFormat, StreamEncoder
-from server.errors import map_exception
-from server.logs import log_event
-from server.protocol import ApiError, parse_speech_request
-from server.state import ServerState, bearer_token, new_request_id
-from server.text_buffer import PhraseBuffer
+from tilevox.server.audio import AudioFormat, StreamEncoder
+from tilevox.server.errors import map_exception
+from tilevox.server.logs import log_event
+from tilevox.server.protocol import ApiError, parse_speech_request
+from tilevox.server.state import ServerState, bearer_token, new_request_id
+from tilevox.server.text_buffer import PhraseBuffer
 
 __all__ = ["serve_websocket"]
 

@@ -1,4 +1,4 @@
-"""Build libtilevox_kernels.so: `python -m trt_plugins.build [--out DIR] [--jobs N] [--only NAME]`.
+"""Build libtilevox_kernels.so: `python -m tilevox.trt_plugins.build [--out DIR] [--jobs N] [--only NAME]`.
 
 Compiles every translation unit under trt_plugins/csrc/ with nvcc for sm_90a (one CUTLASS instantiation
 per file, ~1 min and ~3.3 GB each on 2 cores), in parallel, and links ONE shared library that does not
@@ -83,7 +83,7 @@ class BuildConfig:
 
 
 def default_library_path() -> Path:
-    """Where `python -m trt_plugins.build` puts the library (override with TILEVOX_KERNELS_LIB)."""
+    """Where `python -m tilevox.trt_plugins.build` puts the library (override with TILEVOX_KERNELS_LIB)."""
     env = os.environ.get("TILEVOX_KERNELS_LIB")
     return Path(env) if env else DEFAULT_OUT_DIR / LIBRARY_NAME
 
@@ -177,7 +177,7 @@ def build(cfg: BuildConfig) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trt_plugins.build", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tilevox.trt_plugins.build", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR, help="output folder (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=2, help="parallel nvcc processes, ~3.3 GB RAM each")
     parser.add_argument("--only", default=None, help="compile only translation units whose name contains this; no link")

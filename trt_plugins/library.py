@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 LIBRARY_ENV_VAR = "TILEVOX_KERNELS_LIB"
-# Where `python -m trt_plugins.build` writes the library (kept in sync with trt_plugins/build.py).
+# Where `python -m tilevox.trt_plugins.build` writes the library (kept in sync with trt_plugins/build.py).
 DEFAULT_LIBRARY_PATH = Path(__file__).resolve().parent / "build" / "libtilevox_kernels.so"
 ABI_VERSION = 1  # TILEVOX_ABI_VERSION in tilevox_kernels.h
 
@@ -116,7 +116,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 def _load(path: Path) -> ctypes.CDLL:
     if not path.is_file():
         raise KernelLibraryNotFoundError(
-            f"tilevox kernel library not found at {path}; build it with `python -m trt_plugins.build` "
+            f"tilevox kernel library not found at {path}; build it with `python -m tilevox.trt_plugins.build` "
             f"(needs nvcc) or point ${LIBRARY_ENV_VAR} at an existing libtilevox_kernels.so"
         )
     lib = ctypes.CDLL(str(path))

@@ -2,7 +2,7 @@
 # H200 run: GPU tests (fused SwiGLU ops, TensorRT plugin through the lean runtime, models), synth with
 # the fused SwiGLU MLPs off and on, and server TTFA with random:qwen3-tts-0.6b. Carried (gitignored):
 # .whl (Python 3.12 wheels the image lacks), .device-carry/tv (libtilevox_kernels.so from
-# `python -m trt_plugins.build`, libtilevox_trt_plugins.so from `python -m trt_plugins.tensorrt.build`),
+# `python -m tilevox.trt_plugins.build`, libtilevox_trt_plugins.so from `python -m tilevox.trt_plugins.tensorrt.build`),
 # .device-carry/trt-lean (libnvinfer_lean.so.11 from tensorrt-lean-cu13-libs 11.4.0.106, xz-compressed).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -18,7 +18,7 @@ python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/trt_plugins/test_swigl
 TEXT="Streaming speech synthesis on a Hopper GPU, one frame at a time."
 for model in random:llama-1b random:qwen3-tts-0.6b; do
   for fused in off on; do
-    python3 -m server.cli synth --model "$model" --device cuda --dtype bf16 --fused-swiglu $fused --text "$TEXT" \
+    python3 -m tilevox.server.cli synth --model "$model" --device cuda --dtype bf16 --fused-swiglu $fused --text "$TEXT" \
       --out /tmp/x.wav --max-duration 5 --seed 0 2>&1 | tail -1 | sed "s|^|$model fused=$fused: |" | tee -a "$OUT/synth.log"
   done
 done

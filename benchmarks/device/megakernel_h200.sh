@@ -2,7 +2,7 @@
 # H200 megakernel verification, as run through the device tool (one call, ~7 minutes): the GPU tests, (B) the
 # megakernel vs conventional benchmarks, (A) the correctness matrix against the fp32 PyTorch reference, then
 # the per-opcode profile. Run from the repo root, carrying the kernel
-# library built here (`python -m trt_plugins.build`) and the server wheels the CLI tests import:
+# library built here (`python -m tilevox.trt_plugins.build`) and the server wheels the CLI tests import:
 #   run(command="COMMIT=<sha> bash benchmarks/device/megakernel_h200.sh",
 #       carry=["trt_plugins/build/libtilevox_kernels.so", ".whl"])
 # The device has torch 2.11+cu130 and no network. Results (JSON + logs) go to $OUT; the committed copies are

@@ -10,7 +10,7 @@ python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/llasa/test_llasa_gp
 TEXT="Streaming speech synthesis on a Hopper GPU, one frame at a time."
 for model in random:llama-1b random:qwen3-tts-0.6b; do
   name=${model#random:}
-  python3 -m server.cli synth --model "$model" --device cuda --dtype bf16 --text "$TEXT" \
+  python3 -m tilevox.server.cli synth --model "$model" --device cuda --dtype bf16 --text "$TEXT" \
     --out "/tmp/$name.wav" --max-duration 10 --seed 0 2>&1 | tee "$OUT/synth_$name.log"
 done
 python3 benchmarks/qwen3_tts_frame_timing.py --out "$OUT/qwen3_tts_frame_timing_h200.json" 2>&1 | tee "$OUT/qwen3_tts_frame_timing.log"

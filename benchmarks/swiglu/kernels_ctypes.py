@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from trt_plugins.library import GemmBf16Params, SwigluGateupParams
+from tilevox.trt_plugins.library import GemmBf16Params, SwigluGateupParams
 
 KERNEL_AUTO, KERNEL_DUAL_PINGPONG, KERNEL_PACKED_EVT = 0, 1, 2
 ERR_UNSUPPORTED_SHAPE = 2

@@ -1,18 +1,18 @@
 """tilevox: engine_builder.regions, the megakernel region compiler (model + region spec -> tile program,
 SM queues, cost estimates, tile-graph JSON). Imports: torch, models, trt_plugins.megakernel."""
 
-from engine_builder.regions.backends import (
+from tilevox.engine_builder.regions.backends import (
     BackendOptions,
     Executor,
     MegakernelUnavailable,
     install_megakernel_regions,
     parse_regions,
 )
-from engine_builder.regions.compiler import CompiledRegion, compile_region
-from engine_builder.regions.cost import H200, DeviceCosts
-from engine_builder.regions.schedule import SchedulingPolicy, simulate
-from engine_builder.regions.spec import RegionKind, RegionSpec, TilingConfig
-from engine_builder.regions.tile_graph import (
+from tilevox.engine_builder.regions.compiler import CompiledRegion, compile_region
+from tilevox.engine_builder.regions.cost import H200, DeviceCosts
+from tilevox.engine_builder.regions.schedule import SchedulingPolicy, simulate
+from tilevox.engine_builder.regions.spec import RegionKind, RegionSpec, TilingConfig
+from tilevox.engine_builder.regions.tile_graph import (
     dump_tile_graph,
     load_tile_graph,
     tile_graph_dict,

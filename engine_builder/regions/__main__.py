@@ -1,8 +1,8 @@
 """Compile a region of a full-size model (shapes only, on the meta device) and write its tile graph.
 
-    python -m engine_builder.regions --model llama-1b --region full_step --batch 1 --max-context 4096 \
+    python -m tilevox.engine_builder.regions --model llama-1b --region full_step --batch 1 --max-context 4096 \
         --out llama1b_b1.json
-    python -m engine_builder.regions --model qwen3-tts-0.6b --region predictor_loop --batch 8 --out cp.json
+    python -m tilevox.engine_builder.regions --model qwen3-tts-0.6b --region predictor_loop --batch 8 --out cp.json
 
 --region: full_step | layers:FIRST-STOP | talker_step | predictor_loop. Prints the instruction count,
 totals and the predicted region time; --check also runs the static check of trt_plugins.megakernel.validate.
@@ -17,17 +17,17 @@ import sys
 
 import torch
 
-from engine_builder.regions.compiler import compile_region
-from engine_builder.regions.cost import H200
-from engine_builder.regions.schedule import SchedulingPolicy
-from engine_builder.regions.spec import RegionSpec, TilingConfig
-from engine_builder.regions.tile_graph import dump_tile_graph, totals
-from models.llama.config import LLAMA_PRESETS
-from models.llama.weights import random_llama
-from models.qwen3_tts.config import Qwen3TTSConfig
-from models.qwen3_tts.loader import PRESET_CONFIGS, preset_config_dict
-from models.qwen3_tts.talker import Talker
-from trt_plugins.megakernel.validate import check_program
+from tilevox.engine_builder.regions.compiler import compile_region
+from tilevox.engine_builder.regions.cost import H200
+from tilevox.engine_builder.regions.schedule import SchedulingPolicy
+from tilevox.engine_builder.regions.spec import RegionSpec, TilingConfig
+from tilevox.engine_builder.regions.tile_graph import dump_tile_graph, totals
+from tilevox.models.llama.config import LLAMA_PRESETS
+from tilevox.models.llama.weights import random_llama
+from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
+from tilevox.models.qwen3_tts.loader import PRESET_CONFIGS, preset_config_dict
+from tilevox.models.qwen3_tts.talker import Talker
+from tilevox.trt_plugins.megakernel.validate import check_program
 
 _LLAMA_MODELS = {f"llama-{name}": name for name in LLAMA_PRESETS}
 _QWEN_MODELS = (*PRESET_CONFIGS, "qwen3-tts-tiny")
@@ -57,7 +57,7 @@ def _build(model: str, region: str) -> tuple[torch.nn.Module, RegionSpec]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine_builder.regions", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tilevox.engine_builder.regions", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--region", required=True)
     parser.add_argument("--batch", type=int, default=1)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from models.llama.model import LlamaForCausalLM, rope_inv_freq
-from models.qwen3_tts.code_predictor import CodePredictor
-from models.qwen3_tts.talker import Talker
+from tilevox.models.llama.model import LlamaForCausalLM, rope_inv_freq
+from tilevox.models.qwen3_tts.code_predictor import CodePredictor
+from tilevox.models.qwen3_tts.talker import Talker
 
 __all__ = ["DecoderView", "LayerWeights", "ModelFamily", "decoder_view"]
 

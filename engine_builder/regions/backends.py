@@ -24,15 +24,15 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_builder.regions.adapters import DecoderView, decoder_view
-from engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs
-from engine_builder.regions.compiler import CompiledRegion, compile_region
-from engine_builder.regions.spec import RegionSpec, TilingConfig
-from models.llama.model import LlamaForCausalLM, LlamaKVCache
-from models.qwen3_tts.code_predictor import CodePredictor
-from models.qwen3_tts.layers import CacheView, KVCache
-from models.qwen3_tts.talker import Talker
-from models.region_backends import (
+from tilevox.engine_builder.regions.adapters import DecoderView, decoder_view
+from tilevox.engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs
+from tilevox.engine_builder.regions.compiler import CompiledRegion, compile_region
+from tilevox.engine_builder.regions.spec import RegionSpec, TilingConfig
+from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
+from tilevox.models.qwen3_tts.code_predictor import CodePredictor
+from tilevox.models.qwen3_tts.layers import CacheView, KVCache
+from tilevox.models.qwen3_tts.talker import Talker
+from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
     DECODER_STEP,
     TALKER_STEP,
@@ -40,9 +40,9 @@ from models.region_backends import (
     region_names,
     set_region_backend,
 )
-from models.sampling import SamplingParams
-from trt_plugins.megakernel.instructions import BufferKind
-from trt_plugins.megakernel.vm import TORCH_DTYPES, run_program
+from tilevox.models.sampling import SamplingParams
+from tilevox.trt_plugins.megakernel.instructions import BufferKind
+from tilevox.trt_plugins.megakernel.vm import TORCH_DTYPES, run_program
 
 __all__ = [
     "LOGGER_NAME",
@@ -113,7 +113,7 @@ def _check_cuda(device: torch.device) -> None:
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) != (9, 0):
         raise MegakernelUnavailable(f"the GPU is sm_{major}{minor}; the megakernel is built for sm_90 (Hopper)")
-    from trt_plugins.library import KernelLibraryError, kernels_library
+    from tilevox.trt_plugins.library import KernelLibraryError, kernels_library
 
     try:
         lib = kernels_library()
@@ -214,12 +214,12 @@ class _RegionRunner:
                 launch.tensors[spec.name].copy_(bound[spec.name])
             elif spec.kind is BufferKind.STATE and bound[spec.name].data_ptr() != launch.tensors[spec.name].data_ptr():
                 raise AssertionError(f"{spec.name} moved since the region was bound")  # callers check the cache
-        from trt_plugins.megakernel.torch_op import launch_op
+        from tilevox.trt_plugins.megakernel.torch_op import launch_op
 
         return launch_op(launch, check=True)
 
     def _bind(self, compiled: _Compiled, bound: Mapping[str, torch.Tensor]):
-        from trt_plugins.megakernel.runtime import CudaProgram
+        from tilevox.trt_plugins.megakernel.runtime import CudaProgram
 
         tensors = dict(compiled.weights)
         for spec in compiled.region.program.buffers:
@@ -412,8 +412,8 @@ class MegakernelCodePredictorLoop(_Backend):
 
 def make_backend(model: object, name: str, options: BackendOptions = BackendOptions()) -> _Backend:
     """The megakernel backend for region `name` of `model`; raises MegakernelUnavailable."""
-    from models.llasa.model import LlasaModel
-    from models.qwen3_tts.model import Qwen3TTSSpeechModel
+    from tilevox.models.llasa.model import LlasaModel
+    from tilevox.models.qwen3_tts.model import Qwen3TTSSpeechModel
 
     if name not in region_names(model):
         raise ValueError(f"{type(model).__name__} has no region {name!r}")

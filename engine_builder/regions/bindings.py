@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import torch
 
-from engine_builder.regions.compiler import CompiledRegion
-from models.llama.model import LlamaKVCache
-from models.qwen3_tts.layers import KVCache
-from models.sampling import SamplingParams
+from tilevox.engine_builder.regions.compiler import CompiledRegion
+from tilevox.models.llama.model import LlamaKVCache
+from tilevox.models.qwen3_tts.layers import KVCache
+from tilevox.models.sampling import SamplingParams
 
 __all__ = ["code_predictor_inputs", "llama_decode_inputs", "sampling_inputs"]
 

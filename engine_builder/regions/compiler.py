@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from engine_builder.regions.adapters import DecoderView, ModelFamily, decoder_view
-from engine_builder.regions.cost import H200, DeviceCosts
-from engine_builder.regions.schedule import SchedulingPolicy, schedule_program
-from engine_builder.regions.spec import RegionKind, RegionSpec, TilingConfig
-from trt_plugins.megakernel.instructions import (
+from tilevox.engine_builder.regions.adapters import DecoderView, ModelFamily, decoder_view
+from tilevox.engine_builder.regions.cost import H200, DeviceCosts
+from tilevox.engine_builder.regions.schedule import SchedulingPolicy, schedule_program
+from tilevox.engine_builder.regions.spec import RegionKind, RegionSpec, TilingConfig
+from tilevox.trt_plugins.megakernel.instructions import (
     NO_ID,
     BufferKind,
     BufferSpec,

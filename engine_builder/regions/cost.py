@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trt_plugins.megakernel.instructions import Instruction
+from tilevox.trt_plugins.megakernel.instructions import Instruction
 
 __all__ = ["H200", "DeviceCosts", "instruction_time_s"]
 

@@ -15,8 +15,8 @@ import enum
 import heapq
 from dataclasses import dataclass
 
-from engine_builder.regions.cost import DeviceCosts, instruction_time_s
-from trt_plugins.megakernel.instructions import NO_ID, Program
+from tilevox.engine_builder.regions.cost import DeviceCosts, instruction_time_s
+from tilevox.trt_plugins.megakernel.instructions import NO_ID, Program
 
 __all__ = [
     "Schedule",

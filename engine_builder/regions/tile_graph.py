@@ -12,9 +12,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from engine_builder.regions.cost import DeviceCosts
-from engine_builder.regions.schedule import dependency_edges, simulate
-from trt_plugins.megakernel.instructions import (
+from tilevox.engine_builder.regions.cost import DeviceCosts
+from tilevox.engine_builder.regions.schedule import dependency_edges, simulate
+from tilevox.trt_plugins.megakernel.instructions import (
     BufferSpec,
     Instruction,
     Program,

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from models.layers import GatedMLP, RMSNorm
-from models.llama.config import LlamaConfig
+from tilevox.models.layers import GatedMLP, RMSNorm
+from tilevox.models.llama.config import LlamaConfig
 
 __all__ = [
     "LlamaAttention",

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from models.errors import CheckpointError
-from models.llama.config import LlamaConfig
-from models.llama.model import LlamaForCausalLM
+from tilevox.models.errors import CheckpointError
+from tilevox.models.llama.config import LlamaConfig
+from tilevox.models.llama.model import LlamaForCausalLM
 
 __all__ = ["load_llama", "load_llama_config", "random_llama", "read_safetensors_index"]
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from models.errors import CheckpointError
-from models.llama.config import LlamaConfig
-from models.llama.weights import load_llama, load_llama_config, random_llama
-from models.llasa.model import LlasaModel
-from models.llasa.tokenizer import LlasaTokenizer, build_random_tokenizer
-from models.xcodec2.config import XCodec2Config
-from models.xcodec2.weights import load_xcodec2_decoder, random_xcodec2_decoder
+from tilevox.models.errors import CheckpointError
+from tilevox.models.llama.config import LlamaConfig
+from tilevox.models.llama.weights import load_llama, load_llama_config, random_llama
+from tilevox.models.llasa.model import LlasaModel
+from tilevox.models.llasa.tokenizer import LlasaTokenizer, build_random_tokenizer
+from tilevox.models.xcodec2.config import XCodec2Config
+from tilevox.models.xcodec2.weights import load_xcodec2_decoder, random_xcodec2_decoder
 
 __all__ = ["LLASA_PRESETS", "XCODEC2_DIR_ENV", "load_checkpoint", "load_preset", "resolve_xcodec2_dir"]
 

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.errors import RequestError
-from models.llama.model import LlamaForCausalLM, LlamaKVCache
-from models.llasa.tokenizer import LlasaTokenizer
-from models.region_backends import LLASA_REGIONS, DecoderStepBackend
-from models.sampling import SamplingParams, make_generator, sample_tokens
-from models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
-from models.xcodec2.model import XCodec2Decoder
-from models.xcodec2.streaming import XCodec2StreamDecoder
+from tilevox.models.errors import RequestError
+from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
+from tilevox.models.llasa.tokenizer import LlasaTokenizer
+from tilevox.models.region_backends import LLASA_REGIONS, DecoderStepBackend
+from tilevox.models.sampling import SamplingParams, make_generator, sample_tokens
+from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
+from tilevox.models.xcodec2.model import XCodec2Decoder
+from tilevox.models.xcodec2.streaming import XCodec2StreamDecoder
 
 __all__ = ["DEFAULT_VOICE", "LlasaModel", "StreamCapacityError"]
 

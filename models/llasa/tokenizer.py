@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from models.errors import CheckpointError, RequestError
+from tilevox.models.errors import CheckpointError, RequestError
 
 __all__ = ["LLASA_MARKERS", "LlasaTokenizer", "build_random_tokenizer"]
 

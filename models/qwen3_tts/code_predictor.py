@@ -14,8 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from models.qwen3_tts.config import TalkerConfig
-from models.qwen3_tts.layers import CacheView, DecoderStack, KVCache
+from tilevox.models.qwen3_tts.config import TalkerConfig
+from tilevox.models.qwen3_tts.layers import CacheView, DecoderStack, KVCache
 
 __all__ = ["CodePredictor", "CodePredictorBackbone"]
 

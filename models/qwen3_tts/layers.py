@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers import GatedMLP, RMSNorm
-from models.qwen3_tts.config import TransformerConfig
+from tilevox.models.layers import GatedMLP, RMSNorm
+from tilevox.models.qwen3_tts.config import TransformerConfig
 
 __all__ = ["CacheView", "DecoderLayer", "DecoderStack", "KVCache", "RMSNorm", "rope_cos_sin"]
 

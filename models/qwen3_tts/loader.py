@@ -20,10 +20,10 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from models.errors import CheckpointError
-from models.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig, TtsModelType
-from models.qwen3_tts.model import ModelOptions, Qwen3TTSNetwork, Qwen3TTSSpeechModel
-from models.qwen3_tts.tokenizer import TextTokenizer, build_byte_tokenizer
+from tilevox.models.errors import CheckpointError
+from tilevox.models.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig, TtsModelType
+from tilevox.models.qwen3_tts.model import ModelOptions, Qwen3TTSNetwork, Qwen3TTSSpeechModel
+from tilevox.models.qwen3_tts.tokenizer import TextTokenizer, build_byte_tokenizer
 
 __all__ = ["PRESET_CONFIGS", "default_options", "load_checkpoint", "load_preset", "preset_config_dict"]
 
@@ -150,7 +150,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _speaker_encoder(config: Qwen3TTSConfig, tensors: Mapping[str, torch.Tensor], where: str, device, dtype):
-    from models.qwen3_tts.speaker_encoder import SpeakerEncoder, SpeakerEncoderConfig
+    from tilevox.models.qwen3_tts.speaker_encoder import SpeakerEncoder, SpeakerEncoderConfig
 
     try:
         se_config = SpeakerEncoderConfig.from_dict(dict(config.speaker_encoder))
@@ -174,7 +174,7 @@ def load_checkpoint(
     options: ModelOptions | None = None,
 ) -> Qwen3TTSSpeechModel:
     """Load an official Qwen3-TTS 12 Hz checkpoint folder."""
-    from models.qwen3_tts.speech_tokenizer import load_speech_tokenizer
+    from tilevox.models.qwen3_tts.speech_tokenizer import load_speech_tokenizer
 
     path = Path(path)
     device = torch.device(device)
@@ -270,8 +270,8 @@ def load_preset(
     seed: int = 0,
 ) -> Qwen3TTSSpeechModel:
     """A preset with seeded random weights (`random:<name>` in the registry)."""
-    from models.qwen3_tts.speech_tokenizer import PRESETS as CODEC_PRESETS
-    from models.qwen3_tts.speech_tokenizer import random_speech_tokenizer
+    from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS as CODEC_PRESETS
+    from tilevox.models.qwen3_tts.speech_tokenizer import random_speech_tokenizer
 
     device = torch.device(device)
     config = Qwen3TTSConfig.from_dict(preset_config_dict(name))

@@ -17,15 +17,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.errors import RequestError
-from models.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig, TtsModelType
-from models.qwen3_tts.layers import CacheView, KVCache
-from models.qwen3_tts.prompt import PromptSpec, TextLayout, build_layout, embed_layout
-from models.qwen3_tts.talker import Talker
-from models.qwen3_tts.tokenizer import TextTokenizer
-from models.region_backends import QWEN3_TTS_REGIONS, CodePredictorLoopBackend, PredictorRows, TalkerStepBackend
-from models.sampling import SamplingParams, make_generator, sample_tokens
-from models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
+from tilevox.models.errors import RequestError
+from tilevox.models.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig, TtsModelType
+from tilevox.models.qwen3_tts.layers import CacheView, KVCache
+from tilevox.models.qwen3_tts.prompt import PromptSpec, TextLayout, build_layout, embed_layout
+from tilevox.models.qwen3_tts.talker import Talker
+from tilevox.models.qwen3_tts.tokenizer import TextTokenizer
+from tilevox.models.region_backends import QWEN3_TTS_REGIONS, CodePredictorLoopBackend, PredictorRows, TalkerStepBackend
+from tilevox.models.sampling import SamplingParams, make_generator, sample_tokens
+from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 
 __all__ = ["FrameObserver", "LogitObserver", "ModelOptions", "Qwen3TTSNetwork", "Qwen3TTSSpeechModel"]
 

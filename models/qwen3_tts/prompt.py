@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from models.errors import RequestError
-from models.qwen3_tts.config import Qwen3TTSConfig
-from models.qwen3_tts.tokenizer import TextTokenizer
+from tilevox.models.errors import RequestError
+from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
+from tilevox.models.qwen3_tts.tokenizer import TextTokenizer
 
 __all__ = ["SPEAKER_VECTOR", "PromptLayout", "PromptSpec", "TextLayout", "build_layout", "embed_layout", "ref_frame"]
 

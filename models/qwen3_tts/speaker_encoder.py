@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.errors import CheckpointError
-from models.qwen3_tts.speech_tokenizer.weights import load_state_dict_strict, randomize_
+from tilevox.models.errors import CheckpointError
+from tilevox.models.qwen3_tts.speech_tokenizer.weights import load_state_dict_strict, randomize_
 
 __all__ = [
     "SpeakerEncoder",

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.qwen3_tts.code_predictor import CodePredictor
-from models.qwen3_tts.config import TalkerConfig
-from models.qwen3_tts.layers import CacheView, DecoderStack, KVCache
+from tilevox.models.qwen3_tts.code_predictor import CodePredictor
+from tilevox.models.qwen3_tts.config import TalkerConfig
+from tilevox.models.qwen3_tts.layers import CacheView, DecoderStack, KVCache
 
 __all__ = ["Talker", "TalkerBackbone", "TextProjection"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
-from models.errors import CheckpointError
+from tilevox.models.errors import CheckpointError
 
 __all__ = ["TINY_SPECIAL_TOKENS", "TextTokenizer", "build_byte_tokenizer", "bytes_to_unicode", "save_tokenizer_files"]
 

@@ -6,10 +6,10 @@ The oracle tests compare with the reference package, installed without its torch
 Imports: models.xcodec2 submodules only.
 """
 
-from models.xcodec2.config import XCodec2Config
-from models.xcodec2.model import XCodec2Decoder
-from models.xcodec2.streaming import XCodec2StreamDecoder
-from models.xcodec2.weights import load_xcodec2_decoder, random_xcodec2_decoder
+from tilevox.models.xcodec2.config import XCodec2Config
+from tilevox.models.xcodec2.model import XCodec2Decoder
+from tilevox.models.xcodec2.streaming import XCodec2StreamDecoder
+from tilevox.models.xcodec2.weights import load_xcodec2_decoder, random_xcodec2_decoder
 
 __all__ = [
     "XCodec2Config",

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.xcodec2.config import XCodec2Config
+from tilevox.models.xcodec2.config import XCodec2Config
 
 __all__ = ["XCodec2Decoder", "fsq_indices_to_codes"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.xcodec2.model import XCodec2Decoder
+from tilevox.models.xcodec2.model import XCodec2Decoder
 
 __all__ = [
     "DEFAULT_CHUNK_FRAMES",

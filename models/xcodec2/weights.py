@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from models.errors import CheckpointError
-from models.xcodec2.config import XCodec2Config
-from models.xcodec2.model import XCodec2Decoder
+from tilevox.models.errors import CheckpointError
+from tilevox.models.xcodec2.config import XCodec2Config
+from tilevox.models.xcodec2.model import XCodec2Decoder
 
 __all__ = [
     "CHECKPOINT_FILE",

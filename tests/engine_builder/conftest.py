@@ -4,8 +4,8 @@ decided by clear margins, not by rounding) and single-threaded torch on the shar
 import pytest
 import torch
 
-from models.llama.config import LlamaConfig
-from models.llama.weights import random_llama
+from tilevox.models.llama.config import LlamaConfig
+from tilevox.models.llama.weights import random_llama
 
 
 @pytest.fixture(autouse=True)

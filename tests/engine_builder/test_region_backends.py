@@ -12,23 +12,23 @@ import numpy as np
 import pytest
 import torch
 
-from engine_builder.regions import BackendOptions, Executor, MegakernelUnavailable, install_megakernel_regions
-from engine_builder.regions.backends import (
+from tilevox.engine_builder.regions import BackendOptions, Executor, MegakernelUnavailable, install_megakernel_regions
+from tilevox.engine_builder.regions.backends import (
     LOGGER_NAME,
     MegakernelCodePredictorLoop,
     MegakernelDecoderStep,
     MegakernelTalkerStep,
     parse_regions,
 )
-from models.llama.config import LlamaConfig
-from models.llama.weights import random_llama
-from models.llasa.loader import load_preset as load_llasa
-from models.qwen3_tts.layers import CacheView
-from models.qwen3_tts.loader import load_preset as load_qwen3
-from models.qwen3_tts.model import ModelOptions
-from models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, TALKER_STEP, PredictorRows, set_region_backend
-from models.sampling import SamplingParams
-from models.streaming import SynthesisRequest, synthesize
+from tilevox.models.llama.config import LlamaConfig
+from tilevox.models.llama.weights import random_llama
+from tilevox.models.llasa.loader import load_preset as load_llasa
+from tilevox.models.qwen3_tts.layers import CacheView
+from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
+from tilevox.models.qwen3_tts.model import ModelOptions
+from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, TALKER_STEP, PredictorRows, set_region_backend
+from tilevox.models.sampling import SamplingParams
+from tilevox.models.streaming import SynthesisRequest, synthesize
 
 VM = BackendOptions(executor=Executor.VM)
 ATOL = 2e-5

@@ -8,15 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_builder.regions import BackendOptions, install_megakernel_regions
-from engine_builder.regions.backends import MegakernelCodePredictorLoop, MegakernelDecoderStep, MegakernelTalkerStep
-from models.llasa.loader import load_preset as load_llasa
-from models.qwen3_tts.layers import CacheView
-from models.qwen3_tts.loader import load_preset as load_qwen3
-from models.qwen3_tts.model import ModelOptions
-from models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, TALKER_STEP, PredictorRows
-from models.sampling import SamplingParams
-from models.streaming import SynthesisRequest, synthesize
+from tilevox.engine_builder.regions import BackendOptions, install_megakernel_regions
+from tilevox.engine_builder.regions.backends import MegakernelCodePredictorLoop, MegakernelDecoderStep, MegakernelTalkerStep
+from tilevox.models.llasa.loader import load_preset as load_llasa
+from tilevox.models.qwen3_tts.layers import CacheView
+from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
+from tilevox.models.qwen3_tts.model import ModelOptions
+from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, TALKER_STEP, PredictorRows
+from tilevox.models.sampling import SamplingParams
+from tilevox.models.streaming import SynthesisRequest, synthesize
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +27,7 @@ TOL = {torch.float32: 1e-3, torch.bfloat16: 6e-2}
 def _kernel():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the megakernel runs on sm_90 (Hopper) only")
-    from trt_plugins.library import kernels_library
+    from tilevox.trt_plugins.library import kernels_library
 
     try:
         kernels_library().tilevox_megakernel_launch  # noqa: B018

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from engine_builder.regions import (
+from tilevox.engine_builder.regions import (
     H200,
     RegionSpec,
     SchedulingPolicy,
@@ -23,12 +23,12 @@ from engine_builder.regions import (
     simulate,
     tile_graph_dict,
 )
-from engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
-from engine_builder.regions.cost import instruction_time_s
-from models.llama.config import LlamaConfig
-from models.llama.weights import random_llama
-from models.sampling import SamplingParams
-from trt_plugins.megakernel import DeadlockError, Opcode, SchedulePolicy, run_program
+from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
+from tilevox.engine_builder.regions.cost import instruction_time_s
+from tilevox.models.llama.config import LlamaConfig
+from tilevox.models.llama.weights import random_llama
+from tilevox.models.sampling import SamplingParams
+from tilevox.trt_plugins.megakernel import DeadlockError, Opcode, SchedulePolicy, run_program
 
 MAX_STREAMS = 9
 CACHE_LEN = 72
@@ -346,8 +346,8 @@ def test_seeded_sampling_loop_draws_with_per_step_counters(tiny_llama):
     """A 6-step region with sampling: step s of row b draws with counter rng_offset[b] + s; the tokens
     equal a decode loop that samples each step's logits through models.sampling's filter with the
     same uniform (so the VM's RNG plumbing, filter and inverse CDF are all checked)."""
-    from models.sampling import filter_top_k_top_p
-    from trt_plugins.megakernel import uniform_from_seed
+    from tilevox.models.sampling import filter_top_k_top_p
+    from tilevox.trt_plugins.megakernel import uniform_from_seed
 
     slots, lengths, steps = [7, 1, 3], [2, 19, 40], 6
     params = [
@@ -443,7 +443,7 @@ def test_long_context_with_default_tiling(tiny_llama):
 
 
 def test_compiled_programs_pass_the_static_race_check(tiny_llama):
-    from trt_plugins.megakernel.validate import check_program
+    from tilevox.trt_plugins.megakernel.validate import check_program
 
     for spec in (RegionSpec.full_step(3), RegionSpec.layers(0, 1, embed_input=True), RegionSpec.layers(1, 2)):
         for policy in SchedulingPolicy:
@@ -451,7 +451,7 @@ def test_compiled_programs_pass_the_static_race_check(tiny_llama):
 
 
 def test_static_race_check_finds_missing_waits(tiny_llama):
-    from trt_plugins.megakernel.validate import ProgramError, check_program
+    from tilevox.trt_plugins.megakernel.validate import ProgramError, check_program
 
     program = _compile(tiny_llama, RegionSpec.full_step(2), 2).program
     insts = program.instructions

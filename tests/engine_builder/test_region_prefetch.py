@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_builder.regions import RegionSpec, compile_region
-from trt_plugins.megakernel.instructions import Opcode
-from trt_plugins.megakernel.prefetch import prefetch_table, weight_row_ranges
+from tilevox.engine_builder.regions import RegionSpec, compile_region
+from tilevox.trt_plugins.megakernel.instructions import Opcode
+from tilevox.trt_plugins.megakernel.prefetch import prefetch_table, weight_row_ranges
 
 
 @pytest.mark.parametrize("spec", [RegionSpec.full_step(1), RegionSpec.layers(1, 2)], ids=["full", "layers"])
@@ -60,7 +60,7 @@ def test_table_rows_follow_the_queues(tiny_llama):
 def test_profile_summary_and_cost_fit(tiny_llama):
     """Synthetic stamps where every instruction takes 2 us + 1 us per KB and waits 0.5 us: the summary
     recovers them per opcode and the fit recovers the two constants."""
-    from trt_plugins.megakernel.profile import fit_streaming_cost, summarize_profile
+    from tilevox.trt_plugins.megakernel.profile import fit_streaming_cost, summarize_profile
 
     region = compile_region(tiny_llama, RegionSpec.full_step(1), batch_size=2, max_context=24, num_sms=3)
     program = region.program

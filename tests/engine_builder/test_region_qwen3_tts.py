@@ -9,14 +9,14 @@ import dataclasses
 import pytest
 import torch
 
-from engine_builder.regions import RegionSpec, TilingConfig, compile_region
-from engine_builder.regions.bindings import code_predictor_inputs, sampling_inputs
-from models.qwen3_tts.config import Qwen3TTSConfig
-from models.qwen3_tts.layers import CacheView
-from models.qwen3_tts.loader import preset_config_dict, randomize_network_
-from models.qwen3_tts.talker import Talker
-from models.sampling import SamplingParams, filter_top_k_top_p
-from trt_plugins.megakernel import SchedulePolicy, run_program, uniform_from_seed
+from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
+from tilevox.engine_builder.regions.bindings import code_predictor_inputs, sampling_inputs
+from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
+from tilevox.models.qwen3_tts.layers import CacheView
+from tilevox.models.qwen3_tts.loader import preset_config_dict, randomize_network_
+from tilevox.models.qwen3_tts.talker import Talker
+from tilevox.models.sampling import SamplingParams, filter_top_k_top_p
+from tilevox.trt_plugins.megakernel import SchedulePolicy, run_program, uniform_from_seed
 
 ATOL = 2e-5
 TILING = TilingConfig(matvec_rows=20, lm_head_rows=12, heads_per_qkv_tile=3, partition_tokens=3)
@@ -200,8 +200,8 @@ def test_talker_step_with_codec_head_matches_forward_tokens(talker):
 def test_predictor_loop_needs_the_kv_chain(talker):
     """Micro-steps 0 and 1 take independent inputs: only the KV chain orders step 1's attention after
     step 0's K/V append. The static check passes the compiled loop and flags it without the chain."""
-    from trt_plugins.megakernel import Opcode
-    from trt_plugins.megakernel.validate import ProgramError, check_program
+    from tilevox.trt_plugins.megakernel import Opcode
+    from tilevox.trt_plugins.megakernel.validate import ProgramError, check_program
 
     program = compile_region(
         talker.code_predictor, RegionSpec.code_predictor_loop(), batch_size=2, tiling=TILING, num_sms=4

@@ -1,4 +1,4 @@
-"""`python -m engine_builder.regions` compiles shape-only (meta) models and writes a loadable tile graph."""
+"""`python -m tilevox.engine_builder.regions` compiles shape-only (meta) models and writes a loadable tile graph."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine_builder.regions import H200, load_tile_graph, simulate
-from engine_builder.regions.__main__ import main
+from tilevox.engine_builder.regions import H200, load_tile_graph, simulate
+from tilevox.engine_builder.regions.__main__ import main
 
 
 @pytest.mark.parametrize(

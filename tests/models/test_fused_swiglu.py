@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from models.fused_swiglu import FusedSwiglu, apply_fused_swiglu, fused_swiglu_unavailable_reason
-from models.registry import load_model
+from tilevox.models.fused_swiglu import FusedSwiglu, apply_fused_swiglu, fused_swiglu_unavailable_reason
+from tilevox.models.registry import load_model
 
 
 class _Block(nn.Module):

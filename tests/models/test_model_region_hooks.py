@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.llasa.loader import load_preset as load_llasa
-from models.qwen3_tts.loader import load_preset as load_qwen3
-from models.qwen3_tts.model import ModelOptions
-from models.region_backends import (
+from tilevox.models.llasa.loader import load_preset as load_llasa
+from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
+from tilevox.models.qwen3_tts.model import ModelOptions
+from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
     DECODER_STEP,
     TALKER_STEP,
@@ -20,8 +20,8 @@ from models.region_backends import (
     region_names,
     set_region_backend,
 )
-from models.sampling import SamplingParams
-from models.streaming import SynthesisRequest, synthesize
+from tilevox.models.sampling import SamplingParams
+from tilevox.models.streaming import SynthesisRequest, synthesize
 
 
 @pytest.fixture(autouse=True)

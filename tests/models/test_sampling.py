@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from models.sampling import (
+from tilevox.models.sampling import (
     SamplingParams,
     apply_repetition_penalty,
     filter_top_k_top_p,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.app import ServerHandle
-from server.config import ServerConfig
+from tilevox.server.app import ServerHandle
+from tilevox.server.config import ServerConfig
 from tests.server.fake_model import FakeSpeechModel
 
 API_KEY = "test-key-123"

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from models.errors import RequestError
-from models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
+from tilevox.models.errors import RequestError
+from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 
 
 class FakeSpeechModel(SpeechModel):

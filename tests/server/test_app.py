@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from server.config import ServerConfig
+from tilevox.server.config import ServerConfig
 from tests.server.fake_model import FakeSpeechModel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,7 +95,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_tilevox_serve_then_readme_curl_gives_playable_wav(tmp_path):
     http_port, grpc_port = _free_port(), _free_port()
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    cmd = [sys.executable, "-m", "tilevox.server.cli", "serve", "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
     try:
         base = f"http://127.0.0.1:{http_port}"
@@ -127,7 +127,7 @@ def test_tilevox_serve_then_readme_curl_gives_playable_wav(tmp_path):
 
 
 def test_serve_rejects_more_streams_than_the_model_supports(capsys):
-    from server.cli import main
+    from tilevox.server.cli import main
 
     assert main(["serve", "--model", "random:llama-tiny", "--device", "cpu", "--max-streams", "999", "--http-port", "0", "--grpc-port", "0"]) == 2
     err = capsys.readouterr().err

@@ -12,7 +12,7 @@ import pytest
 import soundfile
 import soxr
 
-from server.audio import AudioFormat, StreamEncoder, encode_all, float_to_pcm16, streaming_wav_header
+from tilevox.server.audio import AudioFormat, StreamEncoder, encode_all, float_to_pcm16, streaming_wav_header
 
 
 def _signal(n: int, rate: int) -> np.ndarray:

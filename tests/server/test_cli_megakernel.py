@@ -12,8 +12,8 @@ import pytest
 import soundfile
 import torch
 
-from engine_builder.regions.backends import LOGGER_NAME
-from server.cli import main
+from tilevox.engine_builder.regions.backends import LOGGER_NAME
+from tilevox.server.cli import main
 
 PRESETS = ["llama-tiny", "qwen3-tts-tiny"]
 
@@ -79,7 +79,7 @@ def test_vm_executor_writes_the_conventional_wav(tmp_path, caplog, preset):
 def test_synth_cuda_bf16_megakernel_all(tmp_path, caplog, preset):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the megakernel runs on sm_90 (Hopper) only")
-    from trt_plugins.library import kernels_library
+    from tilevox.trt_plugins.library import kernels_library
 
     try:
         kernels_library().tilevox_megakernel_launch  # noqa: B018
@@ -95,8 +95,8 @@ def test_synth_cuda_bf16_megakernel_all(tmp_path, caplog, preset):
 
 
 def test_auto_fused_swiglu_yields_to_megakernel_regions():
-    from models.fused_swiglu import FusedSwiglu
-    from server.cli import _fused_swiglu_mode, build_parser
+    from tilevox.models.fused_swiglu import FusedSwiglu
+    from tilevox.server.cli import _fused_swiglu_mode, build_parser
 
     def mode(*extra: str) -> FusedSwiglu:
         args = build_parser().parse_args(["synth", "--model", "m", "--text", "t", "--out", "x.wav", *extra])

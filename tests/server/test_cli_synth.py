@@ -6,7 +6,7 @@ import sys
 import pytest
 import soundfile
 
-from server.cli import main
+from tilevox.server.cli import main
 
 
 @pytest.mark.parametrize("preset,rate", [("llama-tiny", 16000), ("qwen3-tts-tiny", 24000)])
@@ -33,7 +33,7 @@ def test_synth_writes_wav(tmp_path, capsys, preset, rate):
 )
 def test_synth_bad_input_is_one_line(tmp_path, args, message):
     proc = subprocess.run(
-        [sys.executable, "-m", "server.cli", "synth", *args, "--out", str(tmp_path / "x.wav")],
+        [sys.executable, "-m", "tilevox.server.cli", "synth", *args, "--out", str(tmp_path / "x.wav")],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
@@ -47,7 +47,7 @@ def test_synth_unreadable_checkpoint(tmp_path):
     ckpt.mkdir()
     (ckpt / "config.json").write_text('{"model_type": "llama"}')
     proc = subprocess.run(
-        [sys.executable, "-m", "server.cli", "synth", "--model", str(ckpt), "--text", "hi", "--out",
+        [sys.executable, "-m", "tilevox.server.cli", "synth", "--model", str(ckpt), "--text", "hi", "--out",
          str(tmp_path / "x.wav")],
         capture_output=True, text=True, timeout=120,
     )

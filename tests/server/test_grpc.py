@@ -14,8 +14,8 @@ import soxr
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from riva.client.proto import riva_tts_pb2
 
-from models.streaming import SynthesisRequest
-from server.audio import float_to_pcm16
+from tilevox.models.streaming import SynthesisRequest
+from tilevox.server.audio import float_to_pcm16
 from tests.server.conftest import API_KEY
 from tests.server.fake_model import FakeSpeechModel
 

@@ -13,7 +13,7 @@ import numpy as np
 import openai
 import pytest
 
-from models.streaming import SynthesisRequest
+from tilevox.models.streaming import SynthesisRequest
 from tests.server.conftest import API_KEY
 from tests.server.fake_model import FakeSpeechModel
 
@@ -23,7 +23,7 @@ def _pcm(data: bytes) -> np.ndarray:
 
 
 def _expected_pcm(model: FakeSpeechModel, text: str, seed: int = 0, voice: str | None = None) -> np.ndarray:
-    from server.audio import float_to_pcm16
+    from tilevox.server.audio import float_to_pcm16
 
     return float_to_pcm16(model.expected(SynthesisRequest(text=text, seed=seed, voice=voice)))
 

@@ -18,9 +18,9 @@ import pytest
 import riva.client
 from websockets.asyncio.client import connect
 
-from models.registry import load_model
-from models.streaming import SynthesisRequest, synthesize
-from server.audio import float_to_pcm16
+from tilevox.models.registry import load_model
+from tilevox.models.streaming import SynthesisRequest, synthesize
+from tilevox.server.audio import float_to_pcm16
 from tests.server.conftest import make_server
 
 MODEL = "random:llama-tiny"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from server.audio import AudioFormat
-from server.protocol import ApiError, parse_speech_request
-from server.voices import OPENAI_VOICES, VoiceCatalog
+from tilevox.server.audio import AudioFormat
+from tilevox.server.protocol import ApiError, parse_speech_request
+from tilevox.server.voices import OPENAI_VOICES, VoiceCatalog
 
 CATALOG = VoiceCatalog(model_id="fake-tts", model_voices=("anna", "bert", "cleo"), languages=("en",))
 

@@ -7,9 +7,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from models.streaming import FinishReason, SynthesisRequest
-from server.metrics import ServerMetrics
-from server.scheduler import OverloadedError, Scheduler, ShuttingDownError
+from tilevox.models.streaming import FinishReason, SynthesisRequest
+from tilevox.server.metrics import ServerMetrics
+from tilevox.server.scheduler import OverloadedError, Scheduler, ShuttingDownError
 from tests.server.fake_model import FakeSpeechModel
 
 

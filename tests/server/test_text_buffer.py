@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server.text_buffer import PhraseBuffer
+from tilevox.server.text_buffer import PhraseBuffer
 
 
 def _stream(text: str, cuts: list[int], **kw) -> list[str]:

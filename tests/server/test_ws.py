@@ -11,8 +11,8 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect
 
-from models.streaming import SynthesisRequest
-from server.audio import float_to_pcm16
+from tilevox.models.streaming import SynthesisRequest
+from tilevox.server.audio import float_to_pcm16
 from tests.server.conftest import API_KEY
 from tests.server.fake_model import FakeSpeechModel
 

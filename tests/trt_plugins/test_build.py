@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trt_plugins import build as tb
+from tilevox.trt_plugins import build as tb
 
 
 def _toolchain_reason() -> str | None:
@@ -111,7 +111,7 @@ def test_compile_dispatcher_translation_unit(tmp_path) -> None:
 @needs_toolchain
 @pytest.mark.slow
 def test_compile_smallest_cutlass_kernel_via_cli(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "trt_plugins.build", "--out", str(tmp_path), "--jobs", "1",
+    proc = subprocess.run([sys.executable, "-m", "tilevox.trt_plugins.build", "--out", str(tmp_path), "--jobs", "1",
                            "--only", "gemm_pingpong_64x128"], capture_output=True, text=True, timeout=600,
                           cwd=Path(tb.__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -16,10 +16,10 @@ ml_dtypes = pytest.importorskip("ml_dtypes", reason="bf16 numpy inputs need ml_d
 
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-from trt_plugins.onnx import REFERENCE_OPS, PluginExportError, check_plugin_nodes, export_onnx, parser_fields  # noqa: E402
-from trt_plugins.ops import GateUpLayout, SwigluKernel, SwigluMLP, pack_gate_up, swiglu_gateup, swiglu_mlp_ref  # noqa: E402
-from trt_plugins.ops import swiglu_gateup_ref  # noqa: E402
-from trt_plugins.registry import PLUGINS  # noqa: E402
+from tilevox.trt_plugins.onnx import REFERENCE_OPS, PluginExportError, check_plugin_nodes, export_onnx, parser_fields  # noqa: E402
+from tilevox.trt_plugins.ops import GateUpLayout, SwigluKernel, SwigluMLP, pack_gate_up, swiglu_gateup, swiglu_mlp_ref  # noqa: E402
+from tilevox.trt_plugins.ops import swiglu_gateup_ref  # noqa: E402
+from tilevox.trt_plugins.registry import PLUGINS  # noqa: E402
 
 
 class _Block(torch.nn.Module):

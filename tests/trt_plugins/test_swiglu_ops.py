@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trt_plugins.library import KernelLibraryNotFoundError, kernels_library, kernels_library_path
-from trt_plugins.ops import (
+from tilevox.trt_plugins.library import KernelLibraryNotFoundError, kernels_library, kernels_library_path
+from tilevox.trt_plugins.ops import (
     GateUpLayout,
     SwigluKernel,
     SwigluMLP,
@@ -235,7 +235,7 @@ def test_tile_table_lookup_and_json_round_trip():
 def test_missing_kernel_library_error_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("TILEVOX_KERNELS_LIB", str(tmp_path / "nope.so"))
     assert kernels_library_path() == tmp_path / "nope.so"
-    with pytest.raises(KernelLibraryNotFoundError, match="python -m trt_plugins.build"):
+    with pytest.raises(KernelLibraryNotFoundError, match="python -m tilevox.trt_plugins.build"):
         kernels_library()
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from trt_plugins.library import KernelLibraryNotFoundError, kernels_library, kernels_library_path
-from trt_plugins.ops import GateUpLayout, SwigluKernel, pack_gate_up
-from trt_plugins.registry import PLUGINS, PluginField, PluginSpec, plugin_for_op
-from trt_plugins.tensorrt import harness_library_path, plugin_library_path
-from trt_plugins.tensorrt.build import (
+from tilevox.trt_plugins.library import KernelLibraryNotFoundError, kernels_library, kernels_library_path
+from tilevox.trt_plugins.ops import GateUpLayout, SwigluKernel, pack_gate_up
+from tilevox.trt_plugins.registry import PLUGINS, PluginField, PluginSpec, plugin_for_op
+from tilevox.trt_plugins.tensorrt import harness_library_path, plugin_library_path
+from tilevox.trt_plugins.tensorrt.build import (
     PLUGIN_LIBRARY_NAME,
     TENSORRT_INCLUDE_ENV_VAR,
     PluginBuildConfig,
@@ -28,7 +28,7 @@ from trt_plugins.tensorrt.build import (
     build_plugins,
     find_cuda_include_dir,
 )
-from trt_plugins.tensorrt.harness import describe_plugins, lean_library_path, run_plugin
+from tilevox.trt_plugins.tensorrt.harness import describe_plugins, lean_library_path, run_plugin
 
 
 def test_registry_entries_are_consistent():

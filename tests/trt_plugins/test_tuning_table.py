@@ -47,7 +47,7 @@ def test_table_matches_committed_measurements() -> None:
         assert best[key]["all"] == f"k{kernel}_cfg{cfg}", key
 
 
-@pytest.mark.skipif(not LIBRARY.is_file(), reason=f"{LIBRARY} not built (python -m trt_plugins.build)")
+@pytest.mark.skipif(not LIBRARY.is_file(), reason=f"{LIBRARY} not built (python -m tilevox.trt_plugins.build)")
 def test_library_select_reproduces_table() -> None:
     lib = ctypes.CDLL(str(LIBRARY))
     lib.tilevox_swiglu_gateup_select.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 2

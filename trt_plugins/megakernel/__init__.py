@@ -1,7 +1,7 @@
 """tilevox: trt_plugins.megakernel, the instruction set, C-header generator and reference interpreter
 of the persistent decode megakernel. Imports: torch and this package only."""
 
-from trt_plugins.megakernel.instructions import (
+from tilevox.trt_plugins.megakernel.instructions import (
     BufferKind,
     BufferSpec,
     DType,
@@ -11,8 +11,8 @@ from trt_plugins.megakernel.instructions import (
     RegionConstants,
     Wait,
 )
-from trt_plugins.megakernel.torch_op import launch_op
-from trt_plugins.megakernel.vm import (
+from tilevox.trt_plugins.megakernel.torch_op import launch_op
+from tilevox.trt_plugins.megakernel.vm import (
     DeadlockError,
     SchedulePolicy,
     run_program,

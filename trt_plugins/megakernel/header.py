@@ -1,7 +1,7 @@
 """Generate trt_plugins/csrc/megakernel/instructions.h from the registry in instructions.py.
 
 The CUDA interpreter includes the generated header, so opcodes, record offsets, buffer kinds and
-dtypes are typed once (in Python). Run `python -m trt_plugins.megakernel.header` after changing the
+dtypes are typed once (in Python). Run `python -m tilevox.trt_plugins.megakernel.header` after changing the
 registry; tests/trt_plugins/megakernel/test_megakernel_header.py fails while the file is stale.
 Imports: stdlib and trt_plugins.megakernel.instructions.
 """
@@ -12,7 +12,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from trt_plugins.megakernel.instructions import (
+from tilevox.trt_plugins.megakernel.instructions import (
     INSTRUCTION_WORDS,
     MAX_ARGS,
     MAX_INPUTS,
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         current = HEADER_PATH.read_text() if HEADER_PATH.exists() else ""
         return 0 if current == text else 1
     if args:
-        raise SystemExit(f"usage: python -m trt_plugins.megakernel.header [--check], got {args}")
+        raise SystemExit(f"usage: python -m tilevox.trt_plugins.megakernel.header [--check], got {args}")
     HEADER_PATH.parent.mkdir(parents=True, exist_ok=True)
     HEADER_PATH.write_text(text)
     return 0

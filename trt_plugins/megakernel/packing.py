@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from trt_plugins.megakernel.instructions import (
+from tilevox.trt_plugins.megakernel.instructions import (
     INSTRUCTION_WORDS,
     NO_ID,
     Instruction,

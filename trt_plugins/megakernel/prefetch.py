@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from trt_plugins.megakernel.instructions import NO_ID, Instruction, Opcode, Program
+from tilevox.trt_plugins.megakernel.instructions import NO_ID, Instruction, Opcode, Program
 
 __all__ = ["RANGES_PER_INSTRUCTION", "prefetch_table", "weight_row_ranges"]
 

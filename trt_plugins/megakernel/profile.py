@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from trt_plugins.megakernel.instructions import Program
+from tilevox.trt_plugins.megakernel.instructions import Program
 
 __all__ = ["fit_streaming_cost", "summarize_profile"]
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from trt_plugins.library import KernelLibraryError, check_status, kernels_library
-from trt_plugins.megakernel.instructions import BufferKind, Program
-from trt_plugins.megakernel.packing import pack_program
-from trt_plugins.megakernel.prefetch import prefetch_table
-from trt_plugins.megakernel.vm import TORCH_DTYPES
+from tilevox.trt_plugins.library import KernelLibraryError, check_status, kernels_library
+from tilevox.trt_plugins.megakernel.instructions import BufferKind, Program
+from tilevox.trt_plugins.megakernel.packing import pack_program
+from tilevox.trt_plugins.megakernel.prefetch import prefetch_table
+from tilevox.trt_plugins.megakernel.vm import TORCH_DTYPES
 
 __all__ = [
     "ERROR_WORDS",

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trt_plugins.megakernel.instructions import BufferKind
+from tilevox.trt_plugins.megakernel.instructions import BufferKind
 
 if TYPE_CHECKING:
-    from trt_plugins.megakernel.runtime import BoundLaunch
+    from tilevox.trt_plugins.megakernel.runtime import BoundLaunch
 
 __all__ = ["OP_NAME", "launch_op", "megakernel_launch"]
 

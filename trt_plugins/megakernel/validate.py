@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from trt_plugins.megakernel.instructions import NO_ID, Instruction, Opcode, Program
+from tilevox.trt_plugins.megakernel.instructions import NO_ID, Instruction, Opcode, Program
 
 __all__ = ["ProgramError", "check_program", "footprint"]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from trt_plugins.megakernel.instructions import (
+from tilevox.trt_plugins.megakernel.instructions import (
     NO_ID,
     BufferKind,
     DType,

@@ -3,10 +3,10 @@
 Importing this package needs `onnx` and `onnxscript` (optional dependencies: only the export path needs them).
 """
 
-from trt_plugins.onnx.export import PluginExportError, check_plugin_nodes, export_onnx, parser_fields, plugin_nodes
-from trt_plugins.onnx.reference import REFERENCE_OPS
-from trt_plugins.onnx.schemas import register_schemas
-from trt_plugins.onnx.translations import custom_translation_table
+from tilevox.trt_plugins.onnx.export import PluginExportError, check_plugin_nodes, export_onnx, parser_fields, plugin_nodes
+from tilevox.trt_plugins.onnx.reference import REFERENCE_OPS
+from tilevox.trt_plugins.onnx.schemas import register_schemas
+from tilevox.trt_plugins.onnx.translations import custom_translation_table
 
 __all__ = [
     "REFERENCE_OPS",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import onnx
 import torch
 
-from trt_plugins.onnx.schemas import register_schemas
-from trt_plugins.onnx.translations import custom_translation_table
-from trt_plugins.registry import PLUGIN_NAMESPACE, PLUGINS, PluginSpec
+from tilevox.trt_plugins.onnx.schemas import register_schemas
+from tilevox.trt_plugins.onnx.translations import custom_translation_table
+from tilevox.trt_plugins.registry import PLUGIN_NAMESPACE, PLUGINS, PluginSpec
 
 __all__ = ["PluginExportError", "check_plugin_nodes", "export_onnx", "parser_fields", "plugin_nodes"]
 

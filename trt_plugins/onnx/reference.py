@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from trt_plugins.registry import PLUGIN_NAMESPACE
+from tilevox.trt_plugins.registry import PLUGIN_NAMESPACE
 
 __all__ = ["REFERENCE_OPS", "swiglu_gateup_np", "swiglu_mlp_np"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import onnx
 from onnx.defs import OpSchema
 
-from trt_plugins.registry import PLUGINS, PluginSpec
+from tilevox.trt_plugins.registry import PLUGINS, PluginSpec
 
 __all__ = ["TENSOR_TYPES", "register_schemas", "schema_for"]
 

@@ -13,8 +13,8 @@ import onnxscript
 import torch
 from onnxscript import BFLOAT16
 
-import trt_plugins.ops  # noqa: F401  (registers torch.ops.tilevox.*)
-from trt_plugins.registry import PLUGIN_NAMESPACE, PLUGINS
+import tilevox.trt_plugins.ops  # noqa: F401  (registers torch.ops.tilevox.*)
+from tilevox.trt_plugins.registry import PLUGIN_NAMESPACE, PLUGINS
 
 __all__ = ["custom_translation_table"]
 

@@ -3,7 +3,7 @@
 Importing this package registers the ops. Imports: torch and trt_plugins.library only.
 """
 
-from trt_plugins.ops.swiglu import (
+from tilevox.trt_plugins.ops.swiglu import (
     GateUpLayout,
     SwigluKernel,
     SwigluMLP,

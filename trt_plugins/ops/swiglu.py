@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trt_plugins.library import GemmBf16Params, SwigluGateupParams, check_status, kernels_library
+from tilevox.trt_plugins.library import GemmBf16Params, SwigluGateupParams, check_status, kernels_library
 
 __all__ = [
     "GateUpLayout",

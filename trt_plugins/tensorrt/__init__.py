@@ -1,4 +1,4 @@
-"""TensorRT IPluginV3 shims for the tilevox ops (C++ sources here, built by `python -m trt_plugins.tensorrt.build`).
+"""TensorRT IPluginV3 shims for the tilevox ops (C++ sources here, built by `python -m tilevox.trt_plugins.tensorrt.build`).
 
 `plugin_library_path()` says where the built plugin library is ($TILEVOX_TRT_PLUGINS_LIB, else next to the
 kernel library); load it into a TensorRT plugin registry with `loadLibrary` / trtexec `--dynamicPlugins`.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trt_plugins.library import kernels_library_path
+from tilevox.trt_plugins.library import kernels_library_path
 
 __all__ = ["PLUGINS_LIBRARY_ENV_VAR", "harness_library_path", "plugin_library_path"]
 

@@ -1,8 +1,8 @@
-"""Build libtilevox_trt_plugins.so and libtilevox_lean_harness.so: `python -m trt_plugins.tensorrt.build`.
+"""Build libtilevox_trt_plugins.so and libtilevox_lean_harness.so: `python -m tilevox.trt_plugins.tensorrt.build`.
 
 Compiles the IPluginV3 shims against the TensorRT headers in $TENSORRT_INCLUDE_DIR (not redistributed with
 tilevox: use your TensorRT install, container or a checkout of the TensorRT OSS `include/`), links them to
-libtilevox_kernels.so (build that first: `python -m trt_plugins.build`), and exports only getCreators and
+libtilevox_kernels.so (build that first: `python -m tilevox.trt_plugins.build`), and exports only getCreators and
 setLoggerFinder. No TensorRT or CUDA library is linked; the CUDA headers are needed for cudaStream_t.
 The plugin library goes next to the kernel library (rpath $ORIGIN). Imports: standard library, trt_plugins.library.
 """
@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trt_plugins.library import kernels_library_path
+from tilevox.trt_plugins.library import kernels_library_path
 
 __all__ = [
     "HARNESS_LIBRARY_NAME",
@@ -58,7 +58,7 @@ class PluginBuildConfig:
             raise PluginBuildError(f"{self.tensorrt_include_dir} holds no NvInferRuntime.h: not a TensorRT include dir")
         if not Path(self.kernels_library).is_file():
             raise PluginBuildError(
-                f"kernel library {self.kernels_library} not found: build it first with `python -m trt_plugins.build`"
+                f"kernel library {self.kernels_library} not found: build it first with `python -m tilevox.trt_plugins.build`"
             )
         if not (Path(self.cuda_include_dir) / "cuda_runtime_api.h").is_file():
             raise PluginBuildError(f"{self.cuda_include_dir} holds no cuda_runtime_api.h (set CUDA_HOME)")
@@ -104,7 +104,7 @@ def build_plugins(cfg: PluginBuildConfig) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trt_plugins.tensorrt.build", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tilevox.trt_plugins.tensorrt.build", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: the kernel library's folder)")
     parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"), help="C++ compiler (default: $CXX or g++)")
     args = parser.parse_args(argv)

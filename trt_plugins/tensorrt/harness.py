@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from trt_plugins.registry import plugin_for_op
+from tilevox.trt_plugins.registry import plugin_for_op
 
 __all__ = ["LEAN_LIBRARY_ENV_VAR", "HarnessResult", "describe_plugins", "lean_library_path", "run_plugin"]
 

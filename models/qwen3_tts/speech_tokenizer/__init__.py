@@ -4,10 +4,10 @@ Public API consumed by the rest of models.qwen3_tts: config, decoder (full, incr
 official-chunked decode), encoder (audio -> codes for ICL prompts), loader and random init.
 """
 
-from models.qwen3_tts.speech_tokenizer.config import PRESETS, SpeechDecoderConfig, SpeechTokenizerConfig
-from models.qwen3_tts.speech_tokenizer.decoder import DecoderState, SpeechTokenizerDecoder
-from models.qwen3_tts.speech_tokenizer.encoder import SpeechTokenizerEncoder
-from models.qwen3_tts.speech_tokenizer.weights import (
+from tilevox.models.qwen3_tts.speech_tokenizer.config import PRESETS, SpeechDecoderConfig, SpeechTokenizerConfig
+from tilevox.models.qwen3_tts.speech_tokenizer.decoder import DecoderState, SpeechTokenizerDecoder
+from tilevox.models.qwen3_tts.speech_tokenizer.encoder import SpeechTokenizerEncoder
+from tilevox.models.qwen3_tts.speech_tokenizer.weights import (
     load_speech_tokenizer,
     load_state_dict_strict,
     random_speech_tokenizer,

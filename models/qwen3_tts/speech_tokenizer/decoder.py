@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers import GatedMLP, RMSNorm
-from models.qwen3_tts.speech_tokenizer.config import SpeechDecoderConfig
+from tilevox.models.layers import GatedMLP, RMSNorm
+from tilevox.models.qwen3_tts.speech_tokenizer.config import SpeechDecoderConfig
 
 __all__ = ["DecoderState", "SpeechTokenizerDecoder"]
 

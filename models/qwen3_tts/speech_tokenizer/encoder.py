@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from models.qwen3_tts.speech_tokenizer.config import SpeechTokenizerConfig
+from tilevox.models.qwen3_tts.speech_tokenizer.config import SpeechTokenizerConfig
 
 __all__ = ["SpeechTokenizerEncoder"]
 

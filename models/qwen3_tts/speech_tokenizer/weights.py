@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models.errors import CheckpointError
-from models.qwen3_tts.speech_tokenizer.config import SpeechTokenizerConfig
-from models.qwen3_tts.speech_tokenizer.decoder import SpeechTokenizerDecoder
-from models.qwen3_tts.speech_tokenizer.encoder import SpeechTokenizerEncoder
+from tilevox.models.errors import CheckpointError
+from tilevox.models.qwen3_tts.speech_tokenizer.config import SpeechTokenizerConfig
+from tilevox.models.qwen3_tts.speech_tokenizer.decoder import SpeechTokenizerDecoder
+from tilevox.models.qwen3_tts.speech_tokenizer.encoder import SpeechTokenizerEncoder
 
 __all__ = [
     "load_speech_tokenizer",

@@ -12,9 +12,9 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="oracle tests need transformers (pip install -e .[test])")
 
-from models.llama.config import LlamaConfig  # noqa: E402
-from models.llama.model import rope_inv_freq  # noqa: E402
-from models.llama.weights import load_llama  # noqa: E402
+from tilevox.models.llama.config import LlamaConfig  # noqa: E402
+from tilevox.models.llama.model import rope_inv_freq  # noqa: E402
+from tilevox.models.llama.weights import load_llama  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from models.errors import CheckpointError
-from models.llama.config import LLAMA_PRESETS, LlamaConfig
-from models.llama.weights import load_llama, random_llama
+from tilevox.models.errors import CheckpointError
+from tilevox.models.llama.config import LLAMA_PRESETS, LlamaConfig
+from tilevox.models.llama.weights import load_llama, random_llama
 
 TINY = LlamaConfig(
     vocab_size=97, hidden_size=32, intermediate_size=72, num_hidden_layers=2, num_attention_heads=4,

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.llama.config import LlamaConfig
-from models.llama.weights import random_llama
-from models.llasa.loader import load_preset
-from models.sampling import SamplingParams
-from models.streaming import FinishReason, SynthesisRequest
+from tilevox.models.llama.config import LlamaConfig
+from tilevox.models.llama.weights import random_llama
+from tilevox.models.llasa.loader import load_preset
+from tilevox.models.sampling import SamplingParams
+from tilevox.models.streaming import FinishReason, SynthesisRequest
 
 pytestmark = pytest.mark.gpu
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from models.errors import CheckpointError
-from models.llama.config import LLAMA_PRESETS
-from models.llasa.loader import LLASA_PRESETS, XCODEC2_DIR_ENV, load_checkpoint, load_preset
-from models.registry import load_model
-from models.sampling import SamplingParams
-from models.streaming import SynthesisRequest, synthesize
-from models.xcodec2.weights import checkpoint_name
+from tilevox.models.errors import CheckpointError
+from tilevox.models.llama.config import LLAMA_PRESETS
+from tilevox.models.llasa.loader import LLASA_PRESETS, XCODEC2_DIR_ENV, load_checkpoint, load_preset
+from tilevox.models.registry import load_model
+from tilevox.models.sampling import SamplingParams
+from tilevox.models.streaming import SynthesisRequest, synthesize
+from tilevox.models.xcodec2.weights import checkpoint_name
 
 REQUEST = SynthesisRequest(text="Checkpoint parity", sampling=SamplingParams(max_new_tokens=12), seed=5)
 

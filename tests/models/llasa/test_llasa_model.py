@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from models.errors import RequestError
-from models.llasa.loader import load_preset
-from models.llasa.model import LlasaModel, StreamCapacityError
-from models.sampling import SamplingParams
-from models.streaming import FinishReason, SynthesisRequest, VoiceInfo, VoicePrompt, synthesize
-from models.xcodec2.streaming import XCodec2StreamDecoder
+from tilevox.models.errors import RequestError
+from tilevox.models.llasa.loader import load_preset
+from tilevox.models.llasa.model import LlasaModel, StreamCapacityError
+from tilevox.models.sampling import SamplingParams
+from tilevox.models.streaming import FinishReason, SynthesisRequest, VoiceInfo, VoicePrompt, synthesize
+from tilevox.models.xcodec2.streaming import XCodec2StreamDecoder
 
 HOP = 320
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, models
 
-from models.errors import CheckpointError, RequestError
-from models.llasa.tokenizer import LLASA_MARKERS, LlasaTokenizer, build_random_tokenizer
+from tilevox.models.errors import CheckpointError, RequestError
+from tilevox.models.llasa.tokenizer import LLASA_MARKERS, LlasaTokenizer, build_random_tokenizer
 
 # Written out by hand from the Llama 3.2 chat template rendered for the Llasa-1B model card's messages
 # (user: "Convert the text to speech:" + text in TEXT_UNDERSTANDING markers; assistant continued

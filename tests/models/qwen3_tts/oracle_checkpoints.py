@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.qwen3_tts.tokenizer import build_byte_tokenizer
+from tilevox.models.qwen3_tts.tokenizer import build_byte_tokenizer
 
 __all__ = ["CHECKPOINT_KINDS", "build_oracle_checkpoints", "load_official", "oracle_checkpoints"]
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from oracle_checkpoints import _import_qwen_tts
 
-from models.qwen3_tts.config import TransformerConfig
-from models.qwen3_tts.layers import CacheView, DecoderStack, KVCache, _rotate_half, rope_cos_sin
+from tilevox.models.qwen3_tts.config import TransformerConfig
+from tilevox.models.qwen3_tts.layers import CacheView, DecoderStack, KVCache, _rotate_half, rope_cos_sin
 
 CONFIG = TransformerConfig(
     hidden_size=40, intermediate_size=72, num_layers=2, num_heads=6, num_kv_heads=2, head_dim=12, rope_theta=1e6

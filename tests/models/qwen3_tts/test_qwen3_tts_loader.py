@@ -11,12 +11,12 @@ import torch
 from oracle_checkpoints import _import_qwen_tts
 from safetensors.torch import load_file, save_file
 
-from models.errors import CheckpointError
-from models.qwen3_tts.config import Qwen3TTSConfig
-from models.qwen3_tts.loader import load_checkpoint, preset_config_dict
-from models.qwen3_tts.model import Qwen3TTSNetwork, Qwen3TTSSpeechModel
-from models.qwen3_tts.tokenizer import TextTokenizer, build_byte_tokenizer, save_tokenizer_files
-from models.registry import load_model
+from tilevox.models.errors import CheckpointError
+from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
+from tilevox.models.qwen3_tts.loader import load_checkpoint, preset_config_dict
+from tilevox.models.qwen3_tts.model import Qwen3TTSNetwork, Qwen3TTSSpeechModel
+from tilevox.models.qwen3_tts.tokenizer import TextTokenizer, build_byte_tokenizer, save_tokenizer_files
+from tilevox.models.registry import load_model
 
 TEXTS = [
     "Hello, world!",
@@ -147,8 +147,8 @@ def test_request_errors_per_model_type(oracle_checkpoints):
     """Requests a model type cannot serve raise RequestError naming the field, before any state."""
     import numpy as np
 
-    from models.errors import RequestError
-    from models.streaming import SynthesisRequest, VoicePrompt
+    from tilevox.models.errors import RequestError
+    from tilevox.models.streaming import SynthesisRequest, VoicePrompt
 
     clip = VoicePrompt(samples=np.full(4800, 0.1, np.float32), sample_rate_hz=24000)
     cases = {

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.errors import RequestError
-from models.qwen3_tts.loader import load_preset
-from models.qwen3_tts.model import ModelOptions
-from models.sampling import SamplingParams
-from models.streaming import FinishReason, SynthesisRequest, VoicePrompt, synthesize
+from tilevox.models.errors import RequestError
+from tilevox.models.qwen3_tts.loader import load_preset
+from tilevox.models.qwen3_tts.model import ModelOptions
+from tilevox.models.sampling import SamplingParams
+from tilevox.models.streaming import FinishReason, SynthesisRequest, VoicePrompt, synthesize
 
 SAMPLES_PER_FRAME = 1920
 

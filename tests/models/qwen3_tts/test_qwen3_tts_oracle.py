@@ -17,11 +17,11 @@ import pytest
 import torch
 from oracle_checkpoints import load_official
 
-from models.qwen3_tts.loader import load_checkpoint
-from models.qwen3_tts.model import ModelOptions
-from models.qwen3_tts.prompt import TextLayout, build_layout, embed_layout
-from models.sampling import SamplingParams, apply_repetition_penalty
-from models.streaming import SynthesisRequest, VoicePrompt
+from tilevox.models.qwen3_tts.loader import load_checkpoint
+from tilevox.models.qwen3_tts.model import ModelOptions
+from tilevox.models.qwen3_tts.prompt import TextLayout, build_layout, embed_layout
+from tilevox.models.sampling import SamplingParams, apply_repetition_penalty
+from tilevox.models.streaming import SynthesisRequest, VoicePrompt
 
 pytestmark = pytest.mark.oracle
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.errors import CheckpointError
-from models.qwen3_tts.speaker_encoder import (
+from tilevox.models.errors import CheckpointError
+from tilevox.models.qwen3_tts.speaker_encoder import (
     SpeakerEncoder,
     SpeakerEncoderConfig,
     load_speaker_encoder,
@@ -20,7 +20,7 @@ from models.qwen3_tts.speaker_encoder import (
     random_speaker_encoder,
     slaney_mel_filterbank,
 )
-from models.qwen3_tts.speech_tokenizer import randomize_
+from tilevox.models.qwen3_tts.speech_tokenizer import randomize_
 
 TINY = {
     "enc_dim": 32,

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from models.xcodec2 import XCodec2Config
+from tilevox.models.xcodec2 import XCodec2Config
 
 
 def test_full_preset_has_official_sizes():

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from models.xcodec2 import XCodec2Config, load_xcodec2_decoder
-from models.xcodec2.model import fsq_indices_to_codes
+from tilevox.models.xcodec2 import XCodec2Config, load_xcodec2_decoder
+from tilevox.models.xcodec2.model import fsq_indices_to_codes
 
 pytestmark = pytest.mark.oracle
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.xcodec2 import XCodec2Config, XCodec2StreamDecoder, random_xcodec2_decoder
-from models.xcodec2.streaming import STREAM_MAX_LSD_DB, STREAM_MIN_SNR_DB, measure_stream_error
+from tilevox.models.xcodec2 import XCodec2Config, XCodec2StreamDecoder, random_xcodec2_decoder
+from tilevox.models.xcodec2.streaming import STREAM_MAX_LSD_DB, STREAM_MIN_SNR_DB, measure_stream_error
 
 TINY = XCodec2Config.preset("tiny")
 PUSH_SIZES = (1, 4, 7, 2, 5, 3, 6)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from models.errors import CheckpointError
-from models.xcodec2 import XCodec2Config, load_xcodec2_decoder, random_xcodec2_decoder
-from models.xcodec2.weights import IGNORED_PREFIXES, checkpoint_name
+from tilevox.models.errors import CheckpointError
+from tilevox.models.xcodec2 import XCodec2Config, load_xcodec2_decoder, random_xcodec2_decoder
+from tilevox.models.xcodec2.weights import IGNORED_PREFIXES, checkpoint_name
 
 TINY = XCodec2Config.preset("tiny")
 

@@ -1,4 +1,4 @@
-"""CPU checks of the CUDA megakernel: its translation unit compiles with nvcc (`python -m trt_plugins.build
+"""CPU checks of the CUDA megakernel: its translation unit compiles with nvcc (`python -m tilevox.trt_plugins.build
 --only megakernel`, skipped with the reason where nvcc or CUTLASS is missing), the ctypes mirror in
 runtime.py matches the C struct in megakernel.h field for field, and error words map to the right
 exception types."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trt_plugins import build as tb
-from trt_plugins.megakernel import runtime
+from tilevox.trt_plugins import build as tb
+from tilevox.trt_plugins.megakernel import runtime
 
 HEADER = Path(tb.CSRC_DIR) / "megakernel" / "megakernel.h"
 
@@ -35,7 +35,7 @@ _SKIP_REASON = _toolchain_reason()
 def test_megakernel_translation_unit_compiles(tmp_path: Path) -> None:
     assert any(p.stem == "megakernel" for p in tb.list_sources("megakernel"))
     proc = subprocess.run(  # noqa: PLW1510 (the return code is asserted below)
-        [sys.executable, "-m", "trt_plugins.build", "--out", str(tmp_path), "--only", "megakernel", "--jobs", "1"],
+        [sys.executable, "-m", "tilevox.trt_plugins.build", "--out", str(tmp_path), "--only", "megakernel", "--jobs", "1"],
         capture_output=True,
         text=True,
         timeout=300,

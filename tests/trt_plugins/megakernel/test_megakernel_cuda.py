@@ -12,17 +12,17 @@ import time
 import pytest
 import torch
 
-from engine_builder.regions import RegionSpec, TilingConfig, compile_region
-from engine_builder.regions.bindings import (
+from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
+from tilevox.engine_builder.regions.bindings import (
     code_predictor_inputs,
     llama_decode_inputs,
     sampling_inputs,
 )
-from models.llama.config import LlamaConfig
-from models.llama.weights import random_llama
-from models.sampling import SamplingParams
-from trt_plugins.megakernel import BufferKind, Wait, run_program
-from trt_plugins.megakernel.instructions import (
+from tilevox.models.llama.config import LlamaConfig
+from tilevox.models.llama.weights import random_llama
+from tilevox.models.sampling import SamplingParams
+from tilevox.trt_plugins.megakernel import BufferKind, Wait, run_program
+from tilevox.trt_plugins.megakernel.instructions import (
     BufferSpec,
     DType,
     Instruction,
@@ -45,7 +45,7 @@ def rt():
     """trt_plugins.megakernel.runtime, after checking that the library with the megakernel loads."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from trt_plugins.megakernel import runtime
+    from tilevox.trt_plugins.megakernel import runtime
 
     try:
         runtime._library()
@@ -283,9 +283,9 @@ def test_unsatisfiable_wait_and_bad_token_are_reported(rt):
 
 @pytest.mark.parametrize("batch, same_width", [(1, False), (2, True), (7, False)])
 def test_code_predictor_loop_matches_vm(rt, batch, same_width):
-    from models.qwen3_tts.config import Qwen3TTSConfig
-    from models.qwen3_tts.loader import preset_config_dict, randomize_network_
-    from models.qwen3_tts.talker import Talker
+    from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
+    from tilevox.models.qwen3_tts.loader import preset_config_dict, randomize_network_
+    from tilevox.models.qwen3_tts.talker import Talker
 
     config_dict = preset_config_dict("qwen3-tts-tiny")
     if same_width:

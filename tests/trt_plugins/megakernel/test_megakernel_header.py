@@ -10,8 +10,8 @@ from dataclasses import fields
 
 import pytest
 
-from trt_plugins.megakernel.header import HEADER_PATH, generate_header, main
-from trt_plugins.megakernel.instructions import (
+from tilevox.trt_plugins.megakernel.header import HEADER_PATH, generate_header, main
+from tilevox.trt_plugins.megakernel.instructions import (
     INSTRUCTION_WORDS,
     RECORD_FIELDS,
     BufferKind,
@@ -23,7 +23,7 @@ from trt_plugins.megakernel.instructions import (
 
 def test_committed_header_is_current():
     assert HEADER_PATH.read_text() == generate_header(), (
-        "trt_plugins/csrc/megakernel/instructions.h is stale: run python -m trt_plugins.megakernel.header"
+        "trt_plugins/csrc/megakernel/instructions.h is stale: run python -m tilevox.trt_plugins.megakernel.header"
     )
     assert main(["--check"]) == 0
 

@@ -201,7 +201,7 @@ def test_benchmark_records_a_megakernel_error_and_goes_on(bench, tmp_path, monke
 def test_reduced_correctness_matrix_on_the_gpu(correctness, tmp_path):
     """Llama-3.2-1B shapes (tied head), batches 1 and 7, contexts 1 and 300, 8 steps, plus the split and
     CUDA-graph checks: the CUDA megakernel against the fp32 reference."""
-    from trt_plugins.megakernel import runtime
+    from tilevox.trt_plugins.megakernel import runtime
 
     try:
         runtime._library()
@@ -221,7 +221,7 @@ def test_reduced_correctness_matrix_on_the_gpu(correctness, tmp_path):
 @pytest.mark.gpu
 def test_benchmark_smoke_on_the_gpu(bench, tmp_path):
     """Tiny models through the CUDA megakernel: every eager and CUDA-graph variant yields a time."""
-    from trt_plugins.megakernel import runtime
+    from tilevox.trt_plugins.megakernel import runtime
 
     try:
         runtime._library()

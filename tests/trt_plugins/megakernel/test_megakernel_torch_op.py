@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trt_plugins.megakernel import launch_op  # importing the package registers the op
+from tilevox.trt_plugins.megakernel import launch_op  # importing the package registers the op
 
 
 def _schema():
@@ -45,7 +45,7 @@ def test_fake_impl_traces_without_running():
 def rt():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from trt_plugins.megakernel import runtime
+    from tilevox.trt_plugins.megakernel import runtime
 
     try:
         runtime._library()
@@ -55,11 +55,11 @@ def rt():
 
 
 def _region_and_inputs(batch: int = 3):
-    from engine_builder.regions import RegionSpec, TilingConfig, compile_region
-    from engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
-    from models.llama.config import LlamaConfig
-    from models.llama.weights import random_llama
-    from models.sampling import SamplingParams
+    from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
+    from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
+    from tilevox.models.llama.config import LlamaConfig
+    from tilevox.models.llama.weights import random_llama
+    from tilevox.models.sampling import SamplingParams
 
     config = LlamaConfig.preset("tiny")
     model = random_llama(config, seed=0, device="cpu", dtype=torch.float32)
@@ -123,7 +123,7 @@ def test_op_launch_replays_in_a_cuda_graph(rt):
 
 @pytest.mark.gpu
 def test_op_refuses_buffers_or_handles_that_are_not_the_launch(rt):
-    from trt_plugins.megakernel.torch_op import _handle, _split_buffers
+    from tilevox.trt_plugins.megakernel.torch_op import _handle, _split_buffers
 
     region, bound = _region_and_inputs(batch=2)
     launch = rt.CudaProgram(region.program).bind(_fresh(bound))

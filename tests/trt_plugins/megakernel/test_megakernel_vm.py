@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 
-from models.sampling import filter_top_k_top_p
-from trt_plugins.megakernel import (
+from tilevox.models.sampling import filter_top_k_top_p
+from tilevox.trt_plugins.megakernel import (
     BufferKind,
     BufferSpec,
     DeadlockError,
@@ -26,9 +26,9 @@ from trt_plugins.megakernel import (
     run_program,
     uniform_from_seed,
 )
-from trt_plugins.megakernel.instructions import MAX_WAITS, NO_ID
-from trt_plugins.megakernel.packing import pack_program, unpack_queues
-from trt_plugins.megakernel.vm import _filter_top_k_top_p
+from tilevox.trt_plugins.megakernel.instructions import MAX_WAITS, NO_ID
+from tilevox.trt_plugins.megakernel.packing import pack_program, unpack_queues
+from tilevox.trt_plugins.megakernel.vm import _filter_top_k_top_p
 
 
 def _random_instruction(op: Opcode, rng: random.Random) -> Instruction:
@@ -347,7 +347,7 @@ def _linear_chain(*, with_wait: bool, rows: tuple[int, int] = (0, 4)) -> Program
 
 
 def test_static_check_on_hand_built_programs():
-    from trt_plugins.megakernel.validate import ProgramError, check_program
+    from tilevox.trt_plugins.megakernel.validate import ProgramError, check_program
 
     check_program(_linear_chain(with_wait=True))
     with pytest.raises(ProgramError, match=r"race: #2 LINEAR_BIAS reads y"):

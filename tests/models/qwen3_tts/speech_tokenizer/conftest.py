@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from models.qwen3_tts.speech_tokenizer import PRESETS, randomize_
+from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS, randomize_
 
 
 def import_official_tokenizer():

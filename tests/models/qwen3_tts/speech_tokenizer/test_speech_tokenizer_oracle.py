@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.qwen3_tts.speech_tokenizer import load_speech_tokenizer
+from tilevox.models.qwen3_tts.speech_tokenizer import load_speech_tokenizer
 
 pytestmark = pytest.mark.oracle
 

@@ -7,7 +7,7 @@ keys many times over (window 72). One check runs the official architecture sizes
 import pytest
 import torch
 
-from models.qwen3_tts.speech_tokenizer import PRESETS, DecoderState, random_speech_tokenizer
+from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS, DecoderState, random_speech_tokenizer
 
 TOL = 1e-5
 SPF = 1920  # samples per frame

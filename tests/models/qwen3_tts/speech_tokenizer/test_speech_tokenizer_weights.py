@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.errors import CheckpointError
-from models.qwen3_tts.speech_tokenizer import (
+from tilevox.models.errors import CheckpointError
+from tilevox.models.qwen3_tts.speech_tokenizer import (
     PRESETS,
     SpeechDecoderConfig,
     SpeechTokenizerConfig,
