@@ -5,9 +5,9 @@ POST /v1/audio/speech requests (pcm) one after another. TTFA is measured at the 
 sending the request to the first audio byte; RTF is per request (wall time / audio duration).
 Starts `tilevox serve` as a subprocess (--model, --device, --dtype) unless --url is given.
 
-    python benchmarks/server_ttfa.py --model random:llama-tiny --device cpu
-    python benchmarks/server_ttfa.py --model random:qwen3-tts-0.6b --device cuda --max-streams 32
-    python benchmarks/server_ttfa.py --url http://gpu-host:8000
+    python -m benchmarks.server_ttfa --model random:llama-tiny --device cpu
+    python -m benchmarks.server_ttfa --model random:qwen3-tts-0.6b --device cuda --max-streams 32
+    python -m benchmarks.server_ttfa --url http://gpu-host:8000
 Prints a table and writes JSON (device, date, commit, per-level p50/p95/p99) to --out.
 """
 
@@ -15,13 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import os
-import platform
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,37 +24,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import RESULTS, ServerProcess, commit, device_name, utc_now
+
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
     "Streaming speech should start playing within a fraction of a second.",
     "Please hold while I connect you to the next available agent.",
     "Your order number is 4 5 7 1, and it ships tomorrow morning.",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        return out + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _device_name(device: str) -> str:
-    if device == "cuda":
-        import torch
-
-        return torch.cuda.get_device_name(0)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor())
-    return f"{cpu} ({os.cpu_count()} cores)"
 
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict, sample_rate_hz: int) -> dict:
@@ -114,31 +86,6 @@ async def _level(base: str, concurrency: int, rounds: int, max_duration_s: float
     }
 
 
-def _start_server(args) -> tuple[subprocess.Popen, str]:
-    http_port, grpc_port = _free_port(), _free_port()
-    cmd = [sys.executable, "-m", "tilevox.server.cli", "serve", "--model", args.model, "--device", args.device,
-           "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
-    if args.dtype:
-        cmd += ["--dtype", args.dtype]
-    if args.max_streams:
-        cmd += ["--max-streams", str(args.max_streams)]
-    cmd += ["--max-queued", str(max(args.levels) * 2)]  # the benchmark measures latency, not 429s
-    # The server logs one JSON line per request: send them to a file, a pipe would fill and block it.
-    log_file = open(args.server_log, "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{http_port}"
-    deadline = time.monotonic() + args.start_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}; see {args.server_log}")
-        try:
-            if httpx.get(base + "/ready", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("server did not become ready in time")
 
 
 def main() -> int:
@@ -158,30 +105,33 @@ def main() -> int:
     args = parser.parse_args()
     args.levels = [int(x) for x in args.levels.split(",")]
 
-    proc = None
+    server = None
     base = args.url
     if base is None:
-        proc, base = _start_server(args)
+        serve_args = ["--model", args.model, "--device", args.device]
+        if args.dtype:
+            serve_args += ["--dtype", args.dtype]
+        if args.max_streams:
+            serve_args += ["--max-streams", str(args.max_streams)]
+        serve_args += ["--max-queued", str(max(args.levels) * 2)]  # the benchmark measures latency, not 429s
+        server = ServerProcess(serve_args, log_path=args.server_log, start_timeout_s=args.start_timeout).__enter__()
+        base = server.base_url
     try:
-        models = httpx.get(base + "/v1/models", headers={"authorization": f"Bearer {args.api_key}"} if args.api_key else {}).json()
+        auth = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        models = httpx.get(base + "/v1/models", headers=auth).json()
         model_id = models["data"][0]["id"]
         ready = httpx.get(base + "/ready").json()
         warm = httpx.post(base + "/v1/audio/speech", json={"input": "warm up", "response_format": "pcm", "max_duration_s": 0.5},
-                          headers={"authorization": f"Bearer {args.api_key}"} if args.api_key else {}, timeout=300)
+                          headers=auth, timeout=300)
         rate = int(warm.headers["x-sample-rate"])
         levels = [asyncio.run(_level(base, n, args.rounds, args.max_duration, rate, args.api_key)) for n in args.levels]
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if server is not None:
+            server.__exit__(None, None, None)
 
     report = {
-        "benchmark": "server_ttfa", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": _commit(), "device": _device_name(args.device) if args.url is None else f"remote server {base}",
+        "benchmark": "server_ttfa", "date": utc_now(),
+        "commit": commit(), "device": device_name(args.device) if args.url is None else f"remote server {base}",
         "model": model_id, "server_max_streams": ready["max_streams"], "server_max_queued": ready["max_queued"], "sample_rate_hz": rate,
         "max_duration_s": args.max_duration, "rounds_per_worker": args.rounds,
         "ttfa_definition": "client-side, request sent -> first audio byte of a streaming pcm response", "levels": levels,
@@ -192,7 +142,7 @@ def main() -> int:
     for lv in levels:
         print(f"{lv['concurrency']:>8} {lv['requests']:>8} {lv['errors']:>6} {lv['ttfa_ms_p50']!s:>12} {lv['ttfa_ms_p95']!s:>12} "
               f"{lv['ttfa_ms_p99']!s:>12} {lv['rtf_p50']!s:>8} {lv['audio_s_per_s']!s:>10}")
-    out = args.out or REPO / "benchmarks" / "results" / f"server_ttfa-{args.device}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out = args.out or RESULTS / f"server_ttfa-{args.device}-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
