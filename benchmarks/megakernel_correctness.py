@@ -21,17 +21,14 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.megakernel_conventional import LLAMA_VARIANTS, fp32_twin, o1_random_llama  # noqa: E402
-from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region  # noqa: E402
-from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs  # noqa: E402
-from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache  # noqa: E402
-from tilevox.models.sampling import SamplingParams  # noqa: E402
-from tilevox.trt_plugins.megakernel import BufferKind, Program, run_program  # noqa: E402
-from tilevox.trt_plugins.megakernel.vm import TORCH_DTYPES  # noqa: E402
+from benchmarks.megakernel_conventional import LLAMA_VARIANTS, fp32_twin, o1_random_llama
+from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
+from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
+from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
+from tilevox.models.sampling import SamplingParams
+from tilevox.trt_plugins.megakernel import BufferKind, Program, run_program
+from tilevox.trt_plugins.megakernel.vm import TORCH_DTYPES
 
 FULL_BATCHES = (1, 2, 7, 32, 64)
 FULL_CONTEXTS = (1, 100, 1000, 4000)

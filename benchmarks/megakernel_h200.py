@@ -23,11 +23,8 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.megakernel_conventional import (  # noqa: E402
+from benchmarks.megakernel_conventional import (
     LLAMA_VARIANTS,
     ConventionalLlamaStep,
     ConventionalQwenFrame,
@@ -36,11 +33,11 @@ from benchmarks.megakernel_conventional import (  # noqa: E402
     qwen_frame_bytes,
     random_talker,
 )
-from benchmarks.megakernel_correctness import Launcher  # noqa: E402
-from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region  # noqa: E402
-from tilevox.engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs  # noqa: E402
-from tilevox.models.qwen3_tts.talker import Talker  # noqa: E402
-from tilevox.models.sampling import SamplingParams  # noqa: E402
+from benchmarks.megakernel_correctness import Launcher
+from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
+from tilevox.engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs
+from tilevox.models.qwen3_tts.talker import Talker
+from tilevox.models.sampling import SamplingParams
 
 TILING = TilingConfig(min_partition_tokens=64)  # as benchmarks/megakernel_correctness.py
 FLOOR_BANDWIDTH_BYTES_S = 4.8e12  # H200 HBM3e peak: the weight-read floor

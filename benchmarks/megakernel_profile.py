@@ -3,7 +3,7 @@
 
 Llama-1B full decode step (random bf16 weights on the GPU; `--vocab 128256 --tied` for Llama-3.2-1B,
 default Llasa-1B's untied 193,800) at the given batches and context. Times: CUDA-graph replays, CUDA
-events, median of `--iters`. Usage: python benchmarks/megakernel_profile.py --out profile.json
+events, median of `--iters`. Usage: python -m benchmarks.megakernel_profile --out profile.json
 """
 
 from __future__ import annotations
@@ -12,16 +12,11 @@ import argparse
 import dataclasses
 import datetime
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.megakernel_h200 import capture, median_ms  # noqa: E402
+from benchmarks.megakernel_h200 import capture, median_ms
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
 from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
 from tilevox.models.llama.config import LlamaConfig

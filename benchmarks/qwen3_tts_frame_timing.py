@@ -14,7 +14,6 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,21 +21,14 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
 
-from tilevox.models.qwen3_tts.layers import CacheView  # noqa: E402
-from tilevox.models.qwen3_tts.loader import load_preset  # noqa: E402
-from tilevox.models.qwen3_tts.model import ModelOptions  # noqa: E402
-from tilevox.models.registry import parse_dtype  # noqa: E402
+from benchmarks.common import commit
+from tilevox.models.qwen3_tts.layers import CacheView
+from tilevox.models.qwen3_tts.loader import load_preset
+from tilevox.models.qwen3_tts.model import ModelOptions
+from tilevox.models.registry import parse_dtype
 
 PARTS = ("talker_step", "predictor_steps", "codec_decode_frame")
-
-
-def _git_commit() -> str:
-    proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else f"unavailable ({proc.stderr.strip()})"
 
 
 def _time_ms(fn: Callable[[], object], iters: int, warmup: int, device: torch.device) -> list[float]:
@@ -151,7 +143,7 @@ def run(args: argparse.Namespace) -> dict:
         "dtype": args.dtype,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _git_commit(),
+        "git_commit": commit(),
         "torch_version": torch.__version__,
         "context_tokens": args.context,
         "num_predictor_steps": model.talker.code_predictor.num_steps,

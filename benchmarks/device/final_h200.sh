@@ -22,5 +22,5 @@ for model in random:llama-1b random:qwen3-tts-0.6b; do
       --out /tmp/x.wav --max-duration 5 --seed 0 2>&1 | tail -1 | sed "s|^|$model fused=$fused: |" | tee -a "$OUT/synth.log"
   done
 done
-timeout 300 python3 benchmarks/server_ttfa.py --model random:qwen3-tts-0.6b --device cuda --max-streams 32 \
+timeout 300 python3 -m benchmarks.server_ttfa --model random:qwen3-tts-0.6b --device cuda --max-streams 32 \
   --rounds 2 --out "$OUT/server_ttfa_h200.json" 2>&1 | tail -20 | tee "$OUT/server_ttfa.log"

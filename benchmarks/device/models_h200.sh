@@ -13,4 +13,4 @@ for model in random:llama-1b random:qwen3-tts-0.6b; do
   python3 -m tilevox.server.cli synth --model "$model" --device cuda --dtype bf16 --text "$TEXT" \
     --out "/tmp/$name.wav" --max-duration 10 --seed 0 2>&1 | tee "$OUT/synth_$name.log"
 done
-python3 benchmarks/qwen3_tts_frame_timing.py --out "$OUT/qwen3_tts_frame_timing_h200.json" 2>&1 | tee "$OUT/qwen3_tts_frame_timing.log"
+python3 -m benchmarks.qwen3_tts_frame_timing --out "$OUT/qwen3_tts_frame_timing_h200.json" 2>&1 | tee "$OUT/qwen3_tts_frame_timing.log"

@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _load(name: str):
-    """benchmarks/ is a folder of scripts, not an installed package: import it from the repo root."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+    """The benchmarks package sits at the repository root, where pytest runs (README: `python -m pytest`)."""
     return importlib.import_module(f"benchmarks.{name}")
 
 
