@@ -106,21 +106,11 @@ class BackendOptions:
 
 
 def _check_cuda(device: torch.device) -> None:
-    if not torch.cuda.is_available():
-        raise MegakernelUnavailable("no CUDA device is visible")
-    if device.type != "cuda":
-        raise MegakernelUnavailable(f"the model is on {device}; the megakernel runs on a CUDA device")
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) != (9, 0):
-        raise MegakernelUnavailable(f"the GPU is sm_{major}{minor}; the megakernel is built for sm_90 (Hopper)")
-    from tilevox.trt_plugins.library import KernelLibraryError, kernels_library
+    from tilevox.trt_plugins.megakernel.runtime import unavailable_reason
 
-    try:
-        lib = kernels_library()
-    except (OSError, KernelLibraryError) as exc:  # not built / unloadable / ABI mismatch
-        raise MegakernelUnavailable(f"kernel library unavailable: {exc}") from exc
-    if not hasattr(lib, "tilevox_megakernel_launch"):
-        raise MegakernelUnavailable("the kernel library predates the megakernel (no tilevox_megakernel_launch)")
+    reason = unavailable_reason(device)
+    if reason is not None:
+        raise MegakernelUnavailable(reason)
 
 
 def _checked_view(module: torch.nn.Module) -> DecoderView:

@@ -8,12 +8,6 @@ from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import random_llama
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")

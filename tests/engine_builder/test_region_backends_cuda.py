@@ -18,21 +18,9 @@ from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, TA
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest, synthesize
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.requires_megakernel]
 
 TOL = {torch.float32: 1e-3, torch.bfloat16: 6e-2}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _kernel():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the megakernel runs on sm_90 (Hopper) only")
-    from tilevox.trt_plugins.library import kernels_library
-
-    try:
-        kernels_library().tilevox_megakernel_launch  # noqa: B018
-    except (OSError, AttributeError) as exc:
-        pytest.skip(f"libtilevox_kernels.so with the megakernel is not available: {exc}")
 
 
 def _llasa():

@@ -24,12 +24,6 @@ from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest, synthesize
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _request(seed: int = 4) -> SynthesisRequest:

@@ -85,6 +85,26 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
+def unavailable_reason(device: torch.device | str | None = None) -> str | None:
+    """None when the CUDA megakernel can run on `device` (default: the current CUDA device); otherwise
+    why not, in words. The one availability check: region backends and tests both ask it."""
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if device.type != "cuda":
+        return f"the model is on {device}; the megakernel runs on a CUDA device"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        return f"the GPU is sm_{major}{minor}; the megakernel is built for sm_90 (Hopper)"
+    try:
+        _library()
+    except (OSError, KernelLibraryError) as exc:  # not built / unloadable / ABI mismatch
+        return f"kernel library unavailable: {exc}"
+    except AttributeError:
+        return "the kernel library predates the megakernel (no tilevox_megakernel_launch)"
+    return None
+
+
 def _raise_for_words(words: list[int]) -> None:
     code = words[0]
     if code == 0:

@@ -17,17 +17,8 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Run these tests on one intra-op thread: the decoder's small matmuls on a shared 2-core
-    runner measured 17x slower with 2 threads (1.6 s vs 27 s for a 317-frame stream, 2026-12-02)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _load_torchtune_rope() -> type:

@@ -31,12 +31,6 @@ def bench():
     return _load("megakernel_h200")
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 VM_ARGS = ["--variant", "tiny", "--device", "cpu", "--executor", "vm", "--num-sms", "5", "--batches", "1,3",
@@ -193,15 +187,10 @@ def test_benchmark_records_a_megakernel_error_and_goes_on(bench, tmp_path, monke
 
 
 @pytest.mark.gpu
+@pytest.mark.requires_megakernel
 def test_reduced_correctness_matrix_on_the_gpu(correctness, tmp_path):
     """Llama-3.2-1B shapes (tied head), batches 1 and 7, contexts 1 and 300, 8 steps, plus the split and
     CUDA-graph checks: the CUDA megakernel against the fp32 reference."""
-    from tilevox.trt_plugins.megakernel import runtime
-
-    try:
-        runtime._library()
-    except (FileNotFoundError, AttributeError) as exc:
-        pytest.skip(f"libtilevox_kernels.so with the megakernel is not available: {exc}")
     out = tmp_path / "matrix.json"
     rc = correctness.main(["--variant", "llama-3.2-1b", "--batches", "1,7", "--contexts", "1,300", "--steps", "8",
                            "--check-batch", "7", "--check-context", "300", "--check-steps", "4", "--out", str(out)])  # fmt: skip
@@ -214,14 +203,9 @@ def test_reduced_correctness_matrix_on_the_gpu(correctness, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.requires_megakernel
 def test_benchmark_smoke_on_the_gpu(bench, tmp_path):
     """Tiny models through the CUDA megakernel: every eager and CUDA-graph variant yields a time."""
-    from tilevox.trt_plugins.megakernel import runtime
-
-    try:
-        runtime._library()
-    except (FileNotFoundError, AttributeError) as exc:
-        pytest.skip(f"libtilevox_kernels.so with the megakernel is not available: {exc}")
     out = tmp_path / "bench.json"
     assert bench.main(["--llama-variants", "tiny-tied", "--qwen-preset", "qwen3-tts-tiny", "--batches", "1,3",
                        "--iters", "5", "--no-compile", "--out", str(out)]) == 0  # fmt: skip
