@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tilevox.models.errors import RequestError
+
 __all__ = [
     "SamplingParams",
     "apply_repetition_penalty",
@@ -35,19 +37,19 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise RequestError(f"top_k must be >= 0, got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if not (self.repetition_penalty > 0.0):
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise RequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.min_new_tokens < 0:
-            raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+            raise RequestError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise RequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(
+            raise RequestError(
                 f"min_new_tokens ({self.min_new_tokens}) exceeds max_new_tokens ({self.max_new_tokens})"
             )
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tilevox.models.errors import RequestError
 from tilevox.models.sampling import SamplingParams
 
 __all__ = [
@@ -44,9 +45,9 @@ class VoicePrompt:
 
     def __post_init__(self) -> None:
         if self.samples.ndim != 1 or self.samples.size == 0:
-            raise ValueError(f"voice prompt audio must be a non-empty mono array, got shape {self.samples.shape}")
+            raise RequestError(f"voice prompt audio must be a non-empty mono array, got shape {self.samples.shape}")
         if self.sample_rate_hz <= 0:
-            raise ValueError(f"voice prompt sample rate must be positive, got {self.sample_rate_hz}")
+            raise RequestError(f"voice prompt sample rate must be positive, got {self.sample_rate_hz}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,11 +66,11 @@ class SynthesisRequest:
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str) or not self.text.strip():
-            raise ValueError("text must be a non-empty string")
+            raise RequestError("text must be a non-empty string")
         if not (0.0 < self.max_duration_s <= 3600.0):
-            raise ValueError(f"max_duration_s must be in (0, 3600], got {self.max_duration_s}")
+            raise RequestError(f"max_duration_s must be in (0, 3600], got {self.max_duration_s}")
         if not (0 <= self.seed < 2**63):
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+            raise RequestError(f"seed must be in [0, 2**63), got {self.seed}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,28 +2,35 @@
 
 Every encoder is incremental (`encode(samples)` then `finish()`), so audio leaves as soon as a
 codec frame is complete. PCM, WAV and G.711 (mu-law / A-law) are byte-exact and stateless per
-sample; MP3, Ogg/Opus and FLAC go through PyAV (FFmpeg's libmp3lame, libopus and flac) with
-per-packet flushing. Resampling uses soxr's streaming resampler so chunk boundaries never click.
+sample; MP3, Ogg/Opus, AAC (ADTS) and FLAC go through PyAV (FFmpeg's libmp3lame, libopus, aac and
+flac) with per-packet flushing. Resampling uses soxr's streaming resampler so chunk boundaries
+never click. `supported_rates(fmt)` is what each encoder can take (asked of FFmpeg), so a request for
+another rate is refused up front, before any audio is made.
+
+Streamed files cannot know their length when their header leaves: streamed WAV carries 0xFFFFFFFF
+RIFF/data sizes (OpenAI's convention), streamed FLAC a STREAMINFO with total_samples = 0, which the FLAC
+format defines as "unknown" (streaming decoders such as FFmpeg read it to the end; libsndfile does
+not). `encode_all` (whole responses) writes exact headers for both.
 Imports: numpy, soxr, soundfile, av.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import io
 import struct
-from typing import ClassVar
 
 import numpy as np
 import soundfile
 import soxr
 
-__all__ = ["AudioFormat", "StreamEncoder", "encode_all", "float_to_pcm16", "streaming_wav_header"]
+from tilevox.models.errors import RequestError
+
+__all__ = ["AudioFormat", "StreamEncoder", "encode_all", "float_to_pcm16", "streaming_wav_header", "supported_rates"]
 
 MIN_SAMPLE_RATE_HZ = 8000
 MAX_SAMPLE_RATE_HZ = 192000
-# libopus only encodes at these rates; anything else is resampled to 48 kHz first.
-_OPUS_RATES_HZ = (8000, 12000, 16000, 24000, 48000)
 
 
 class AudioFormat(enum.Enum):
@@ -32,6 +39,7 @@ class AudioFormat(enum.Enum):
     MP3 = "mp3"
     OPUS = "opus"  # Ogg/Opus
     FLAC = "flac"
+    AAC = "aac"  # AAC-LC in ADTS frames (each frame self-contained, so it streams)
     MULAW = "mulaw"  # raw G.711 mu-law
     ALAW = "alaw"  # raw G.711 A-law
 
@@ -50,6 +58,7 @@ _CONTENT_TYPES = {
     AudioFormat.MP3: "audio/mpeg",
     AudioFormat.OPUS: "audio/ogg",
     AudioFormat.FLAC: "audio/flac",
+    AudioFormat.AAC: "audio/aac",
     AudioFormat.MULAW: "audio/basic",
     AudioFormat.ALAW: "audio/x-alaw-basic",
 }
@@ -87,16 +96,44 @@ class _ChunkSink:
         return out
 
 
+# format -> (FFmpeg container, encoder, sample format the encoder takes)
+_AV_CODECS: dict[AudioFormat, tuple[str, str, str]] = {
+    AudioFormat.MP3: ("mp3", "libmp3lame", "s16p"),
+    AudioFormat.OPUS: ("ogg", "libopus", "s16"),
+    AudioFormat.FLAC: ("flac", "flac", "s16"),
+    AudioFormat.AAC: ("adts", "aac", "fltp"),
+}
+
+
+@functools.cache
+def supported_rates(fmt: AudioFormat) -> tuple[int, ...] | None:
+    """The sample rates `fmt`'s encoder accepts, ascending (asked of FFmpeg through PyAV), or None when any
+    rate in [MIN_SAMPLE_RATE_HZ, MAX_SAMPLE_RATE_HZ] works (PCM, WAV, FLAC; G.711 is fixed by the caller)."""
+    if fmt not in _AV_CODECS:
+        return None
+    import av
+
+    rates = av.codec.Codec(_AV_CODECS[fmt][1], "w").audio_rates
+    return tuple(sorted(r for r in rates if MIN_SAMPLE_RATE_HZ <= r <= MAX_SAMPLE_RATE_HZ)) if rates else None
+
+
+def check_rate(fmt: AudioFormat, rate_hz: int) -> None:
+    """Raise RequestError (a ValueError) naming the accepted rates when `fmt` cannot be encoded at `rate_hz`."""
+    if not (MIN_SAMPLE_RATE_HZ <= rate_hz <= MAX_SAMPLE_RATE_HZ):
+        raise RequestError(f"sample rate {rate_hz} Hz is outside [{MIN_SAMPLE_RATE_HZ}, {MAX_SAMPLE_RATE_HZ}]")
+    rates = supported_rates(fmt)
+    if rates is not None and rate_hz not in rates:
+        raise RequestError(f"{fmt.value} encodes only at {', '.join(map(str, rates))} Hz, got {rate_hz}")
+
+
 class _AvEncoder:
     """PyAV container encoder that hands back whatever bytes each packet produced."""
-
-    _CODECS: ClassVar[dict[AudioFormat, tuple[str, str]]] = {AudioFormat.MP3: ("mp3", "libmp3lame"), AudioFormat.OPUS: ("ogg", "libopus"), AudioFormat.FLAC: ("flac", "flac")}
 
     def __init__(self, fmt: AudioFormat, sample_rate_hz: int) -> None:
         import av  # imported lazily: only the compressed formats need FFmpeg
 
         self._av = av
-        container_name, codec_name = self._CODECS[fmt]
+        container_name, codec_name, sample_format = _AV_CODECS[fmt]
         options = {"flush_packets": "1"}
         if fmt is AudioFormat.OPUS:
             options["page_duration"] = "20000"  # one Ogg page per 20 ms packet, else pages wait ~1 s
@@ -104,7 +141,7 @@ class _AvEncoder:
         self._container = av.open(self._sink, "w", format=container_name, options=options)
         self._stream = self._container.add_stream(codec_name, rate=sample_rate_hz)
         self._stream.layout = "mono"
-        self._stream.format = "s16"
+        self._stream.format = sample_format  # PyAV converts the s16 frames below to it
         self._rate = sample_rate_hz
 
     def encode(self, pcm: np.ndarray) -> bytes:
@@ -127,10 +164,7 @@ class StreamEncoder:
 
     def __init__(self, fmt: AudioFormat, *, in_rate_hz: int, out_rate_hz: int | None = None) -> None:
         out_rate_hz = in_rate_hz if out_rate_hz is None else out_rate_hz
-        if not (MIN_SAMPLE_RATE_HZ <= out_rate_hz <= MAX_SAMPLE_RATE_HZ):
-            raise ValueError(f"sample rate {out_rate_hz} Hz is outside [{MIN_SAMPLE_RATE_HZ}, {MAX_SAMPLE_RATE_HZ}]")
-        if fmt is AudioFormat.OPUS and out_rate_hz not in _OPUS_RATES_HZ:
-            raise ValueError(f"opus encodes only at {', '.join(map(str, _OPUS_RATES_HZ))} Hz, got {out_rate_hz}")
+        check_rate(fmt, out_rate_hz)
         self.format = fmt
         self.sample_rate_hz = out_rate_hz
         self._resampler = (
@@ -139,7 +173,7 @@ class StreamEncoder:
             else None
         )
         self._header_sent = False
-        self._av = _AvEncoder(fmt, out_rate_hz) if fmt in _AvEncoder._CODECS else None
+        self._av = _AvEncoder(fmt, out_rate_hz) if fmt in _AV_CODECS else None
         self._finished = False
 
     def _resample(self, samples: np.ndarray, last: bool) -> np.ndarray:
@@ -183,6 +217,16 @@ class StreamEncoder:
 
 
 def encode_all(fmt: AudioFormat, samples: np.ndarray, *, in_rate_hz: int, out_rate_hz: int | None = None) -> bytes:
-    """Encode a whole utterance at once (used by unary APIs)."""
+    """Encode a whole utterance at once (unary APIs, non-streamed responses). WAV and FLAC get exact
+    length fields (written by libsndfile into a seekable buffer); the other formats carry none."""
+    out_rate_hz = in_rate_hz if out_rate_hz is None else out_rate_hz
+    if fmt in (AudioFormat.WAV, AudioFormat.FLAC):
+        check_rate(fmt, out_rate_hz)
+        samples = np.asarray(samples, dtype=np.float32)
+        if out_rate_hz != in_rate_hz:
+            samples = soxr.resample(samples, in_rate_hz, out_rate_hz, quality="HQ")
+        buf = io.BytesIO()
+        soundfile.write(buf, float_to_pcm16(samples), out_rate_hz, format=fmt.name, subtype="PCM_16")
+        return buf.getvalue()
     enc = StreamEncoder(fmt, in_rate_hz=in_rate_hz, out_rate_hz=out_rate_hz)
     return enc.encode(samples) + enc.finish()

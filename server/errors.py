@@ -2,11 +2,16 @@
 type/code, gRPC status code, and the WebSocket error event code.
 
     ApiError (server.protocol)   client mistake, carries its own HTTP status
-    ValueError                   request the model cannot serve     -> 400 / INVALID_ARGUMENT
+    RequestError (models.errors) request the model cannot serve     -> 400 / INVALID_ARGUMENT
     OverloadedError              no slot and no queue place         -> 429 / RESOURCE_EXHAUSTED
     ShuttingDownError            draining after SIGTERM             -> 503 / UNAVAILABLE
     SynthesisFailed              the model raised                   -> 500 / INTERNAL
     StreamTruncated              cut before its end (drain deadline) -> 503 / ABORTED, code "truncated"
+    anything else                a bug                              -> 500 / INTERNAL, code "internal_error"
+
+Only the exceptions listed are the client's business; anything else (a plain ValueError raised by a bug
+in model code included) is reported as an internal error that names the request id, and the surface
+logs it with its traceback (`MappedError.unexpected`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from tilevox.models.errors import RequestError
 from tilevox.server.protocol import ApiError
 from tilevox.server.scheduler import OverloadedError, ShuttingDownError, StreamTruncated, SynthesisFailed
 
@@ -29,6 +35,7 @@ class MappedError:
     type: str  # OpenAI error type
     message: str
     param: str | None = None
+    unexpected: bool = False  # a bug: log the traceback; the client sees only the request id
 
     def openai_body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -37,8 +44,8 @@ class MappedError:
 _GRPC_FOR_HTTP = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED, 404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.INVALID_ARGUMENT}
 
 
-def map_exception(exc: BaseException) -> MappedError | None:
-    """The surface-neutral description of `exc`, or None for exceptions that are bugs."""
+def map_exception(exc: BaseException, request_id: str | None = None) -> MappedError:
+    """The surface-neutral description of `exc`; exceptions not listed above are bugs (`unexpected`)."""
     if isinstance(exc, ApiError):
         return MappedError(exc.status, _GRPC_FOR_HTTP.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT), exc.code or "invalid_request", exc.type, exc.message, exc.param)
     if isinstance(exc, OverloadedError):
@@ -49,6 +56,8 @@ def map_exception(exc: BaseException) -> MappedError | None:
         return MappedError(503, grpc.StatusCode.ABORTED, "truncated", "server_error", str(exc))
     if isinstance(exc, SynthesisFailed):
         return MappedError(500, grpc.StatusCode.INTERNAL, "synthesis_failed", "server_error", str(exc))
-    if isinstance(exc, ValueError):  # models.errors.RequestError and SynthesisRequest validation
+    if isinstance(exc, RequestError):
         return MappedError(400, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", "invalid_request_error", str(exc))
-    return None
+    where = f" (request {request_id})" if request_id else ""
+    return MappedError(500, grpc.StatusCode.INTERNAL, "internal_error", "server_error",
+                       f"internal server error{where}: {type(exc).__name__}", unexpected=True)

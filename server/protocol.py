@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest
-from tilevox.server.audio import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ, AudioFormat
+from tilevox.server.audio import AudioFormat, check_rate, supported_rates
 from tilevox.server.voices import VoiceCatalog
 
 __all__ = ["MAX_JSON_DEPTH", "ApiError", "SpeechParams", "StreamFormat", "check_text", "loads_json", "parse_speech_request"]
 
 MULAW_RATE_HZ = 8000  # telephony
+OPENAI_PCM_RATE_HZ = 24000  # OpenAI defines raw `pcm` as 24 kHz s16le mono; its clients play it at that rate
 MAX_JSON_DEPTH = 32  # nesting of a request body or WebSocket message; deeper is refused before parsing
 
 
@@ -95,6 +96,7 @@ class SpeechParams:
     response_format: AudioFormat
     sample_rate_hz: int  # output rate
     stream_format: str
+    stream: bool = True  # False: the whole file at once, with exact length fields (WAV, FLAC)
 
 
 _KNOWN_FIELDS = {
@@ -123,8 +125,11 @@ def parse_speech_request(
     max_text_chars: int,
     default_max_duration_s: float,
     default_format: AudioFormat = AudioFormat.MP3,
+    default_pcm_rate_hz: int | None = None,
     require_input: bool = True,
 ) -> SpeechParams:
+    """`default_pcm_rate_hz`: the rate of raw `pcm` when the request names none (the OpenAI surface
+    passes OPENAI_PCM_RATE_HZ, since its clients assume it; None = the model's native rate)."""
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
     unknown = sorted(set(body) - _KNOWN_FIELDS)
@@ -138,6 +143,7 @@ def parse_speech_request(
     text = body.get("input", "placeholder" if not require_input else None)
     if not isinstance(text, str) or not text.strip():
         raise ApiError(400, "input must be a non-empty string", param="input")
+    check_text(text, param="input")
     if len(text) > max_text_chars:
         raise ApiError(400, f"input is {len(text)} characters; the limit is {max_text_chars}", param="input", code="string_above_max_length")
     voice = body.get("voice")
@@ -149,15 +155,24 @@ def parse_speech_request(
         model_voice = catalog.resolve_voice(voice)
     except ValueError as exc:
         raise ApiError(400, str(exc), param="voice", code="voice_not_found") from exc
-    fmt_name = body.get("response_format") or default_format.value
+    fmt_name = body.get("response_format")  # only absent or null means the default: [] or "" are mistakes
+    fmt_name = default_format.value if fmt_name is None else fmt_name
     try:
+        if not isinstance(fmt_name, str):
+            raise ValueError(fmt_name)
         fmt = AudioFormat(fmt_name)
     except ValueError:
         names = ", ".join(f.value for f in AudioFormat)
         raise ApiError(400, f"response_format {fmt_name!r} is not supported; choose one of {names}", param="response_format") from None
-    stream_format = body.get("stream_format") or StreamFormat.AUDIO
+    stream_format = body.get("stream_format")
+    stream_format = StreamFormat.AUDIO if stream_format is None else stream_format
     if stream_format not in (StreamFormat.AUDIO, StreamFormat.SSE):
         raise ApiError(400, f"stream_format must be 'audio' or 'sse', got {stream_format!r}", param="stream_format")
+    stream = body.get("stream", True)
+    if not isinstance(stream, bool):
+        raise ApiError(400, f"stream must be true or false, got {stream!r}", param="stream")
+    if not stream and stream_format == StreamFormat.SSE:
+        raise ApiError(400, "stream_format 'sse' needs stream true", param="stream")
     speed = _number(body, "speed", float, 1.0)
     if not (0.25 <= speed <= 4.0):
         raise ApiError(400, f"speed must be in [0.25, 4.0], got {speed}", param="speed")
@@ -169,14 +184,16 @@ def parse_speech_request(
         if sample_rate not in (None, MULAW_RATE_HZ):
             raise ApiError(400, f"{fmt.value} is served at {MULAW_RATE_HZ} Hz only", param="sample_rate")
         sample_rate = MULAW_RATE_HZ
-    elif sample_rate is None:
-        sample_rate = native_rate_hz
-    elif not (MIN_SAMPLE_RATE_HZ <= sample_rate <= MAX_SAMPLE_RATE_HZ):
-        raise ApiError(400, f"sample_rate must be in [{MIN_SAMPLE_RATE_HZ}, {MAX_SAMPLE_RATE_HZ}], got {sample_rate}", param="sample_rate")
-    elif fmt is AudioFormat.OPUS and sample_rate not in (8000, 12000, 16000, 24000, 48000):
-        raise ApiError(400, "opus supports sample_rate 8000, 12000, 16000, 24000 or 48000", param="sample_rate")
-    if fmt is AudioFormat.OPUS and sample_rate not in (8000, 12000, 16000, 24000, 48000):
-        sample_rate = 48000
+    elif sample_rate is None:  # a rate the client did not choose: the surface's default, else the model's,
+        sample_rate = default_pcm_rate_hz if fmt is AudioFormat.PCM and default_pcm_rate_hz else native_rate_hz
+        rates = supported_rates(fmt)  # moved up to the next rate the encoder takes
+        if rates is not None and sample_rate not in rates:
+            sample_rate = next((r for r in rates if r >= sample_rate), rates[-1])
+    else:
+        try:
+            check_rate(fmt, sample_rate)
+        except ValueError as exc:
+            raise ApiError(400, f"sample_rate: {exc}", param="sample_rate") from None
     defaults = SamplingParams()
     instructions = body.get("instructions")
     language = body.get("language")
@@ -200,6 +217,9 @@ def parse_speech_request(
             seed=_number(body, "seed", int, 0),
             max_duration_s=_number(body, "max_duration_s", float, default_max_duration_s),
         )
-    except ValueError as exc:
-        raise ApiError(400, str(exc)) from exc
-    return SpeechParams(request=request, response_format=fmt, sample_rate_hz=sample_rate, stream_format=stream_format)
+    except ApiError:
+        raise
+    except ValueError as exc:  # SamplingParams / SynthesisRequest validation names its field first
+        field = str(exc).split(" ", 1)[0]
+        raise ApiError(400, str(exc), param=field if field in _KNOWN_FIELDS else None) from exc
+    return SpeechParams(request=request, response_format=fmt, sample_rate_hz=sample_rate, stream_format=stream_format, stream=stream)

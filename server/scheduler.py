@@ -31,7 +31,12 @@ log = logging.getLogger("tilevox.scheduler")
 
 
 class OverloadedError(RuntimeError):
-    """All running slots and queue places are taken (HTTP 429 / RESOURCE_EXHAUSTED)."""
+    """All running slots and queue places are taken (HTTP 429 / RESOURCE_EXHAUSTED). `retry_after_s` is
+    when a place is expected to be free, from the measured rate at which streams finish."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ShuttingDownError(RuntimeError):
@@ -102,6 +107,7 @@ class StreamHandle:
         self.num_frames = 0
         self.num_samples = 0
         self.is_cancelled = False
+        self.is_truncated = False  # cut by the server (shutdown), not by its client
 
     def cancel(self) -> None:
         self._scheduler._cancel(self)
@@ -166,6 +172,7 @@ class Scheduler:
         self._to_close: list[StreamHandle] = []
         self._unfinished: dict[int, StreamHandle] = {}  # every handle not yet ended, wherever it is
         self._ids = itertools.count(1)
+        self._finish_times: collections.deque[float] = collections.deque(maxlen=4096)  # monotonic, for Retry-After
         self._accepting = True
         self._stop = False
         self.worker_error: BaseException | None = None  # set if the worker loop itself died
@@ -197,8 +204,10 @@ class Scheduler:
                 raise ShuttingDownError("server is shutting down")
             # A handle counts against the limits until the worker has closed it.
             if len(self._active) + len(self._pending) + len(self._to_close) >= self.max_active + self.max_queued:
+                retry_after_s = self._expected_wait_s()
                 raise OverloadedError(
-                    f"server busy: {self.max_active} streams running and {self.max_queued} queued; retry later"
+                    f"server busy: {self.max_active} streams running and {self.max_queued} queued; "
+                    f"retry in {retry_after_s:.1f} s", retry_after_s=retry_after_s,
                 )
             handle = StreamHandle(self, next(self._ids), request, loop)
             self._pending.append(handle)
@@ -206,6 +215,17 @@ class Scheduler:
             self._update_gauges()
             self._lock.notify()
         return handle
+
+    def _expected_wait_s(self) -> float:
+        """Under the lock: seconds until a place is expected to free up, from the rate at which streams
+        finished over the last minute (1 s before any has finished; at most 30 s)."""
+        now = time.monotonic()
+        while self._finish_times and self._finish_times[0] < now - 60.0:
+            self._finish_times.popleft()
+        if len(self._finish_times) < 2:
+            return 1.0
+        rate = len(self._finish_times) / max(now - self._finish_times[0], 1e-3)
+        return min(30.0, max(0.5, 1.0 / rate))
 
     def stop_accepting(self) -> None:
         with self._lock:
@@ -223,11 +243,13 @@ class Scheduler:
         return True
 
     def shutdown(self) -> None:
-        """Cancel everything and stop the worker (after draining, or at the drain deadline)."""
+        """Stop the worker (after draining, or at the drain deadline). Streams still waiting or running
+        are cut: their iteration raises StreamTruncated after the audio already delivered."""
         with self._lock:
             self._accepting = False
             for handle in list(self._pending) + list(self._active.values()):
                 handle.is_cancelled = True
+                handle.is_truncated = True
                 self._to_close.append(handle)
             self._pending.clear()
             self._stop = True
@@ -255,6 +277,7 @@ class Scheduler:
             self.metrics.queue_depth.set(len(self._pending))
 
     def _finish(self, handle: StreamHandle, reason: FinishReason) -> None:
+        """Set the handle's stats and end its iteration: cleanly, or with StreamTruncated if the server cut it."""
         now = time.perf_counter()
         stats = StreamStats(
             num_frames=handle.num_frames,
@@ -267,7 +290,13 @@ class Scheduler:
         )
         handle.stats = stats  # visible to the worker at once; the loop side sets it again on receipt
         self._unfinished.pop(handle.handle_id, None)
-        handle._deliver(stats)
+        self._finish_times.append(time.monotonic())
+        if handle.is_truncated:
+            handle._deliver(StreamTruncated(
+                f"stream cut by the server after {handle.num_samples / self.model.sample_rate_hz:.2f} s of audio "
+                "(server shutting down: the drain deadline passed)"))
+        else:
+            handle._deliver(stats)
         if self.metrics is not None:
             self.metrics.observe_finished(stats)
 

@@ -55,8 +55,14 @@ def test_pcm_and_wav_are_exact_and_chunking_invariant(rate):
     np.testing.assert_array_equal(np.frombuffer(wav[44:], "<i2"), expected)
 
 
-def test_empty_wav_is_just_the_header():
-    assert encode_all(AudioFormat.WAV, np.zeros(0, np.float32), in_rate_hz=16000) == streaming_wav_header(16000)
+def test_whole_wav_has_exact_sizes():
+    """encode_all (whole responses) knows the length: RIFF and data sizes are exact, unlike the streamed header."""
+    empty = encode_all(AudioFormat.WAV, np.zeros(0, np.float32), in_rate_hz=16000)
+    assert struct.unpack("<4sI4s", empty[:12]) == (b"RIFF", 36, b"WAVE") and empty[-8:] == b"data" + struct.pack("<I", 0)
+    tone = np.sin(np.arange(1000, dtype=np.float32) / 7)
+    wav = encode_all(AudioFormat.WAV, tone, in_rate_hz=16000)
+    assert struct.unpack("<I", wav[4:8])[0] == len(wav) - 8 and struct.unpack("<I", wav[40:44])[0] == 2000
+    np.testing.assert_array_equal(np.frombuffer(wav[44:], "<i2"), float_to_pcm16(tone))
 
 
 def test_pcm16_conversion_clips_and_rounds():

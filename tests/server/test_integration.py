@@ -54,14 +54,14 @@ def test_same_request_and_seed_gives_same_samples_through_every_api(tiny_server,
 
     client = openai.OpenAI(base_url=tiny_server.http_url + "/v1", api_key="unused")
     with client.audio.speech.with_streaming_response.create(
-        model="tts-1", voice="alloy", input=text, response_format="pcm", extra_body={"seed": seed, "max_duration_s": MAX_DURATION_S}
+        model="tts-1", voice="alloy", input=text, response_format="pcm", extra_body={"seed": seed, "max_duration_s": MAX_DURATION_S, "sample_rate": 16000}
     ) as response:
         got["openai-sdk pcm"] = np.frombuffer(b"".join(response.iter_bytes()), "<i2")
     wav = httpx.post(tiny_server.http_url + "/v1/audio/speech", json=body | {"response_format": "wav"}).content
     got["http wav"] = np.frombuffer(wav[44:], "<i2")
     flac = httpx.post(tiny_server.http_url + "/v1/audio/speech", json=body | {"response_format": "flac"}).content
     got["http flac"] = np.concatenate([f.to_ndarray().reshape(-1) for f in av.open(io.BytesIO(flac)).decode(audio=0)])
-    sse = httpx.post(tiny_server.http_url + "/v1/audio/speech", json=body | {"response_format": "pcm", "stream_format": "sse"}).text
+    sse = httpx.post(tiny_server.http_url + "/v1/audio/speech", json=body | {"response_format": "pcm", "stream_format": "sse", "sample_rate": 16000}).text
     deltas = [json.loads(b.split("data: ", 1)[1]) for b in sse.strip().split("\n\n")]
     got["http sse"] = np.frombuffer(b"".join(base64.b64decode(d["audio"]) for d in deltas if d["type"] == "speech.audio.delta"), "<i2")
 
@@ -101,7 +101,7 @@ def test_32_concurrent_streams_each_equal_their_solo_output(tiny_server, referen
         barrier.wait()
         r = httpx.post(
             tiny_server.http_url + "/v1/audio/speech",
-            json={"input": text, "seed": seed, "response_format": "pcm", "max_duration_s": MAX_DURATION_S}, timeout=120,
+            json={"input": text, "seed": seed, "response_format": "pcm", "sample_rate": 16000, "max_duration_s": MAX_DURATION_S}, timeout=120,
         )
         results[i] = (r.status_code, r.content)
 
