@@ -54,7 +54,10 @@ def build_state(config: ServerConfig, model: SpeechModel) -> ServerState:
 
 
 def _bind_port(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP (not 0): accepted sockets inherit it, and asyncio sets TCP_NODELAY only on sockets
+    # whose proto says TCP. Without it small frames (a `first_audio` event, then audio) wait for the
+    # client's delayed ACK (Nagle): ~40 ms late first audio on WebSocket.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     return sock
@@ -88,7 +91,10 @@ class ServerHandle:
             await serve_websocket(ws, state)
 
         uv_config = uvicorn.Config(
-            app, log_level="warning", access_log=False, ws_max_size=cfg.max_message_bytes,
+            app, log_level="warning", access_log=False,
+            # the frame limit sits above our message limit, so an oversized message gets the documented
+            # `message_too_large` event instead of a 1009 close (beyond 4x the limit uvicorn still closes)
+            ws_max_size=4 * cfg.max_message_bytes,
             timeout_keep_alive=int(max(1, cfg.idle_timeout_s)), timeout_graceful_shutdown=int(cfg.drain_timeout_s) + 1,
             lifespan="off",
         )

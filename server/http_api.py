@@ -18,7 +18,6 @@ import asyncio
 import base64
 import json
 import logging
-import re
 import time
 
 from fastapi import FastAPI, Request
@@ -29,20 +28,11 @@ from tilevox.server.errors import MappedError, map_exception
 from tilevox.server.logs import log_event
 from tilevox.server.protocol import OPENAI_PCM_RATE_HZ, ApiError, StreamFormat, loads_json, parse_speech_request
 from tilevox.server.scheduler import OverloadedError, StreamHandle
-from tilevox.server.state import ServerState, bearer_token, new_request_id
+from tilevox.server.state import ServerState, bearer_token, request_id_of
 
 __all__ = ["build_http_app"]
 
 log = logging.getLogger("tilevox.http")
-
-
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-
-
-def request_id_of(headers) -> str:
-    """The client's x-request-id when it is short and printable, else a fresh one (never echo junk)."""
-    given = headers.get("x-request-id")
-    return given if given is not None and _REQUEST_ID.fullmatch(given) else new_request_id()
 
 
 def _log_mapped(mapped: MappedError, exc: BaseException, request_id: str, event: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hmac
 import itertools
 import os
+import re
 from dataclasses import dataclass, field
 
 from tilevox.models.streaming import SpeechModel
@@ -16,7 +17,7 @@ from tilevox.server.metrics import ServerMetrics
 from tilevox.server.scheduler import Scheduler
 from tilevox.server.voices import VoiceCatalog
 
-__all__ = ["ServerState", "new_request_id"]
+__all__ = ["ServerState", "bearer_token", "new_request_id", "request_id_of"]
 
 _counter = itertools.count(1)
 _PREFIX = os.urandom(3).hex()
@@ -25,6 +26,16 @@ _PREFIX = os.urandom(3).hex()
 def new_request_id() -> str:
     """Short, unique within the process, sortable by arrival."""
     return f"req-{_PREFIX}-{next(_counter):06d}"
+
+
+_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id_of(headers) -> str:
+    """The client's x-request-id (HTTP header, WebSocket handshake header or gRPC metadata mapping) when
+    it is 1-128 characters of [A-Za-z0-9._:-], else a fresh id: junk is never echoed or logged."""
+    given = headers.get("x-request-id")
+    return given if given is not None and _CLIENT_REQUEST_ID.fullmatch(given) else new_request_id()
 
 
 @dataclass(slots=True, kw_only=True)

@@ -98,7 +98,7 @@ def test_error_events_keep_the_session_open(fake_server):
             errors.append(json.loads(await ws.recv()))
             await ws.send(json.dumps({"type": "config", "voice": "nobody"}))
             errors.append(json.loads(await ws.recv()))
-            await ws.send(json.dumps({"type": "config", "response_format": "aac"}))
+            await ws.send(json.dumps({"type": "config", "response_format": "aiff"}))
             errors.append(json.loads(await ws.recv()))
             await ws.send(json.dumps({"type": "dance"}))
             errors.append(json.loads(await ws.recv()))
@@ -145,24 +145,134 @@ def test_api_key_header(keyed_server):
     assert asyncio.run(main())["type"] == "started"
 
 
-def test_oversized_message_closes_with_1009_and_server_keeps_serving(server_factory):
+def test_oversized_message_is_an_error_event_and_the_session_goes_on(server_factory):
     server = server_factory(max_message_bytes=4096)
 
     async def main():
         async with connect(_url(server), max_size=None) as ws:
-            await ws.send(json.dumps({"type": "config"}))
+            await ws.send(json.dumps({"type": "config", "response_format": "pcm", "sample_rate": 16000}))
             await _until(ws, "started")
             await ws.send(json.dumps({"type": "text", "text": "x" * 10000}))
-            with pytest.raises(websockets.ConnectionClosed) as info:
-                await asyncio.wait_for(ws.recv(), timeout=5)
-            code = info.value.rcvd.code if info.value.rcvd else None
-        async with connect(_url(server)) as ws:
-            await ws.send(json.dumps({"type": "config", "response_format": "pcm"}))
-            await _until(ws, "started")
+            too_large = json.loads(await asyncio.wait_for(ws.recv(), timeout=5))
             await ws.send(json.dumps({"type": "text", "text": "small"}))
             await ws.send(json.dumps({"type": "flush"}))
             audio, _, _ = await _until(ws, "done")
-        return code, audio
+            # beyond 4x the limit uvicorn's frame limit closes the socket (documented): 1009
+            await ws.send(json.dumps({"type": "text", "text": "y" * 20000}))
+            with pytest.raises(websockets.ConnectionClosed) as info:
+                await asyncio.wait_for(ws.recv(), timeout=5)
+        return too_large, audio, info.value.rcvd.code if info.value.rcvd else None
 
-    code, audio = asyncio.run(main())
-    assert code == 1009 and len(audio) == 2 * 5 * 320
+    too_large, audio, code = asyncio.run(main())
+    assert too_large["type"] == "error" and too_large["code"] == "message_too_large" and too_large["status"] == 413
+    assert len(audio) == 2 * 5 * 320 and code == 1009
+
+
+def test_a_long_utterance_outlives_the_idle_timeout(server_factory):
+    """Idle means no client message and no audio: a stream that plays longer than the timeout is not cut."""
+    server = server_factory(FakeSpeechModel(step_delay_s=0.01), idle_timeout_s=0.5)
+
+    async def main():
+        async with connect(_url(server)) as ws:
+            await ws.send(json.dumps({"type": "config", "response_format": "pcm", "sample_rate": 16000}))
+            await _until(ws, "started")
+            await ws.send(json.dumps({"type": "text", "text": "L" * 150}))  # 150 frames at 10 ms each: 1.5 s
+            await ws.send(json.dumps({"type": "flush"}))
+            audio, done, events = await _until(ws, "done")
+            return audio, events
+
+    audio, events = asyncio.run(main())
+    assert len(audio) == 2 * 150 * 320 and all(e["type"] != "error" for e in events), events
+
+
+@pytest.mark.parametrize("bad", [
+    {"type": "text", "text": "a\ud800b"},  # a lone surrogate (JSON escape) never reaches the tokenizer
+    {"type": "config", "response_format": "mp3", "sample_rate": 96000},  # an encoder that cannot open
+])
+def test_failures_are_error_events_and_the_session_stays_usable(fake_server, bad):
+    async def main():
+        async with connect(_url(fake_server)) as ws:
+            await ws.send(json.dumps({"type": "config", "response_format": "pcm"}))
+            await _until(ws, "started")
+            await ws.send(json.dumps(bad))
+            error = json.loads(await asyncio.wait_for(ws.recv(), timeout=5))
+            await ws.send(json.dumps({"type": "text", "text": "after"}))
+            await ws.send(json.dumps({"type": "flush"}))
+            audio, _, _ = await _until(ws, "done")
+            return error, audio
+
+    error, audio = asyncio.run(main())
+    assert error["type"] == "error" and error["status"] == 400 and len(audio) > 0
+
+
+def test_a_stream_cut_at_shutdown_ends_with_truncated_not_done():
+    from tests.server.conftest import make_server
+
+    server = make_server(FakeSpeechModel(step_delay_s=0.02), drain_timeout_s=0.3, warmup=False)
+
+    async def main():
+        async with connect(_url(server)) as ws:
+            await ws.send(json.dumps({"type": "config", "response_format": "pcm"}))
+            await _until(ws, "started")
+            await ws.send(json.dumps({"type": "text", "text": "t" * 400}))
+            await ws.send(json.dumps({"type": "flush"}))
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(server.stop)
+            events = []
+            try:
+                while True:
+                    msg = await asyncio.wait_for(ws.recv(), timeout=10)
+                    if isinstance(msg, str):
+                        events.append(json.loads(msg))
+            except websockets.ConnectionClosed:
+                return events
+
+    events = asyncio.run(main())
+    assert [e["code"] for e in events if e["type"] == "error"] == ["truncated"], events
+    assert all(e["type"] != "done" for e in events)
+
+
+def test_first_audio_latency_counts_from_the_first_text(fake_server):
+    """An utterance whose first phrase completes late still measures from its first text message."""
+
+    async def main():
+        async with connect(_url(fake_server)) as ws:
+            await ws.send(json.dumps({"type": "config", "response_format": "pcm"}))
+            await _until(ws, "started")
+            await ws.send(json.dumps({"type": "text", "text": "No phrase end yet"}))
+            await asyncio.sleep(0.4)
+            await ws.send(json.dumps({"type": "text", "text": ". Then more "}))
+            _, first, _ = await _until(ws, "first_audio")
+            await ws.send(json.dumps({"type": "flush"}))
+            await _until(ws, "done")
+            return first
+
+    assert asyncio.run(main())["latency_ms"] >= 400
+
+
+def test_accepted_connections_have_tcp_nodelay(fake_server):
+    """asyncio sets TCP_NODELAY only when the listening socket's proto is TCP: the server's is."""
+    import socket
+
+    from tilevox.server.app import _bind_port
+
+    listener = _bind_port("127.0.0.1", 0)
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname())
+    accepted, _ = listener.accept()
+    try:
+        assert accepted.proto == socket.IPPROTO_TCP
+        loop = asyncio.new_event_loop()
+        try:
+            async def wrap():
+                transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, accepted)
+                value = transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                transport.close()
+                return value
+
+            assert loop.run_until_complete(wrap()) != 0
+        finally:
+            loop.close()
+    finally:
+        client.close()
+        listener.close()
