@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -173,8 +173,8 @@ class SynthesisResult:
         return self.wall_time_s / self.duration_s if self.samples.size else float("inf")
 
 
-def synthesize(model: SpeechModel, request: SynthesisRequest) -> SynthesisResult:
-    """Run one request to completion on its own (batch of one)."""
+def synthesize(model: SpeechModel, request: SynthesisRequest, *, on_chunk: Callable[[AudioChunk], None] | None = None) -> SynthesisResult:
+    """Run one request to completion on its own (batch of one); `on_chunk` sees every step's chunk (progress)."""
     start = time.perf_counter()
     stream_id = model.open_stream(request)
     pieces: list[np.ndarray] = []
@@ -183,6 +183,8 @@ def synthesize(model: SpeechModel, request: SynthesisRequest) -> SynthesisResult
     try:
         while True:
             (chunk,) = model.step([stream_id])
+            if on_chunk is not None:
+                on_chunk(chunk)
             num_frames += chunk.num_new_frames
             if chunk.samples.size:
                 if not pieces:

@@ -2,9 +2,11 @@
 asyncio loop, both feeding one Scheduler whose worker thread owns the model.
 
 `ServerHandle` starts and stops it (tests run it in a background thread on free ports);
-`serve(config)` is what `tilevox serve` calls: it loads the model, runs until SIGTERM/SIGINT,
-then drains (new streams get 503/UNAVAILABLE, /ready turns false, active streams get
-`drain_timeout_s` to finish) before stopping.
+`serve(config)` is what `tilevox serve` calls: it runs until SIGTERM/SIGINT, then drains (new
+streams get 503/UNAVAILABLE, /ready turns false, active streams get `drain_timeout_s` to finish,
+streams still running then end with a `truncated` error on every surface) before stopping. A second
+SIGINT/SIGTERM during the drain exits at once. `bind_ports` takes both ports before the model loads,
+so a taken port fails fast, naming itself; the gRPC port is bound exclusively (no SO_REUSEPORT).
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import grpc
 import uvicorn
@@ -32,7 +36,7 @@ from tilevox.server.state import ServerState
 from tilevox.server.voices import VoiceCatalog
 from tilevox.server.ws import serve_websocket
 
-__all__ = ["ServerHandle", "build_state", "serve"]
+__all__ = ["BoundPorts", "PortInUseError", "ServerHandle", "bind_ports", "build_state", "serve"]
 
 log = logging.getLogger("tilevox.app")
 
@@ -53,24 +57,61 @@ def build_state(config: ServerConfig, model: SpeechModel) -> ServerState:
     return ServerState(config=config, model=model, scheduler=scheduler, metrics=metrics, catalog=VoiceCatalog.for_model(model))
 
 
+class PortInUseError(OSError):
+    """A port the server needs is taken (or cannot be bound): the message names host:port."""
+
+
 def _bind_port(host: str, port: int) -> socket.socket:
     # proto=IPPROTO_TCP (not 0): accepted sockets inherit it, and asyncio sets TCP_NODELAY only on sockets
     # whose proto says TCP. Without it small frames (a `first_audio` event, then audio) wait for the
     # client's delayed ACK (Nagle): ~40 ms late first audio on WebSocket.
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortInUseError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from exc
     return sock
 
+
+def _grpc_address(host: str, port: int) -> str:
+    return f"{'[::]' if host in ('::', '0.0.0.0') else host}:{port}"
+
+
+@dataclass
+class BoundPorts:
+    """The HTTP listening socket (kept) and the gRPC port, checked free; made before the model loads."""
+
+    http_sock: socket.socket
+    grpc_port: int
+
+
+def bind_ports(host: str, http_port: int, grpc_port: int) -> BoundPorts:
+    """Bind the HTTP port and check the gRPC port is free (grpc binds its own socket later, exclusively),
+    so that `tilevox serve` fails on a taken port before spending minutes loading a model."""
+    http_sock = _bind_port(host, http_port)
+    if grpc_port:
+        try:
+            probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                probe.bind((host, grpc_port))
+            finally:
+                probe.close()
+        except OSError as exc:
+            http_sock.close()
+            raise PortInUseError(f"cannot bind the gRPC port {host}:{grpc_port}: {exc.strerror or exc}") from exc
+    return BoundPorts(http_sock=http_sock, grpc_port=grpc_port)
 
 class ServerHandle:
     """Runs the server on its own event loop in a background thread (`start`) or in the
     caller's loop (`run`). Ports of 0 are resolved to free ones before start returns."""
 
-    def __init__(self, config: ServerConfig, model: SpeechModel):
+    def __init__(self, config: ServerConfig, model: SpeechModel, *, ports: BoundPorts | None = None, on_ready=None):
         self.config = config
         self.state = build_state(config, model)
-        self._http_sock = _bind_port(config.host, config.http_port)
+        self._http_sock = ports.http_sock if ports is not None else _bind_port(config.host, config.http_port)
+        self._on_ready = on_ready  # called once both ports serve (the CLI prints its "serving" line there)
         self.http_port = self._http_sock.getsockname()[1]
         self.grpc_port = config.grpc_port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -91,7 +132,7 @@ class ServerHandle:
             await serve_websocket(ws, state)
 
         uv_config = uvicorn.Config(
-            app, log_level="warning", access_log=False,
+            app, log_level="warning", access_log=False, log_config=None,  # uvicorn's loggers go through ours (JSON)
             # the frame limit sits above our message limit, so an oversized message gets the documented
             # `message_too_large` event instead of a 1009 close (beyond 4x the limit uvicorn still closes)
             ws_max_size=4 * cfg.max_message_bytes,
@@ -102,9 +143,16 @@ class ServerHandle:
         grpc_server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.so_reuseport", 0),  # gRPC's default would let a second server share the port silently
         ])
         health, health_pb2 = add_to_server(grpc_server, state)
-        self.grpc_port = grpc_server.add_insecure_port(f"{'[::]' if cfg.host in ('::', '0.0.0.0') else cfg.host}:{cfg.grpc_port}")
+        address = _grpc_address(cfg.host, cfg.grpc_port)
+        try:
+            self.grpc_port = grpc_server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc raises RuntimeError("Failed to bind ...")
+            raise PortInUseError(f"cannot bind the gRPC port {address}: {exc}") from exc
+        if self.grpc_port == 0:  # older grpc versions return 0 instead of raising
+            raise PortInUseError(f"cannot bind the gRPC port {address}")
         await grpc_server.start()
         http_task = asyncio.create_task(http_server.serve(sockets=[self._http_sock]))
         while not http_server.started:
@@ -118,9 +166,11 @@ class ServerHandle:
         state.is_ready = True
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
-                self._loop.add_signal_handler(sig, self._stop.set)
+                self._loop.add_signal_handler(sig, self._on_signal, sig)
         log_event(log, "server.ready", model=state.model.model_id, http_port=self.http_port, grpc_port=self.grpc_port,
                   max_streams=cfg.max_streams, max_queued=cfg.max_queued, auth=cfg.api_key is not None)
+        if self._on_ready is not None:
+            self._on_ready(self)
         self._started.set()
         await self._stop.wait()
 
@@ -137,6 +187,14 @@ class ServerHandle:
         await grpc_server.stop(grace=1.0)
         await http_task
         log_event(log, "server.stopped", drained=is_drained)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        """First signal: drain. A second one while draining: exit now (streams are cut, not finished)."""
+        if self._stop.is_set():
+            log_event(log, "server.forced_exit", level=logging.WARNING, signal=sig.name)
+            logging.shutdown()
+            os._exit(130 if sig == signal.SIGINT else 143)
+        self._stop.set()
 
     async def _warm_up(self) -> None:
         """One short synthesis before /ready turns true, so the first client does not pay for
@@ -188,5 +246,5 @@ class ServerHandle:
         return f"127.0.0.1:{self.grpc_port}"
 
 
-def serve(config: ServerConfig, model: SpeechModel) -> None:
-    asyncio.run(ServerHandle(config, model).run(install_signals=True))
+def serve(config: ServerConfig, model: SpeechModel, *, ports: BoundPorts | None = None, on_ready=None) -> None:
+    asyncio.run(ServerHandle(config, model, ports=ports, on_ready=on_ready).run(install_signals=True))

@@ -1,13 +1,16 @@
-"""The `tilevox` command line: one subcommand per job (`synth` now; `serve`, `build`, `bench` as they land).
+"""The `tilevox` command line: one subcommand per job (`synth`, `serve`, `voices`).
 
 Parsing happens here only; each subcommand builds frozen config objects and calls into the
-library. User mistakes end with a one-line `tilevox: error: ...` message and exit code 2,
-never a traceback.
+library. User mistakes (bad options, unknown models or voices, unreadable checkpoints, taken ports)
+end with a one-line `tilevox: error: ...` message and exit code 2, never a traceback. Anything else
+(a CUDA error, a bug) is not a user mistake: it prints its type, message and cause, the traceback
+with -v, and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -16,13 +19,23 @@ __all__ = ["main"]
 
 log = logging.getLogger("tilevox")
 
+RANDOM_WEIGHTS_NOTE = ("random weights: the audio is noise, and since no end-of-speech token is ever likely, "
+                       "it lasts until --max-duration")
+
 
 class CommandError(Exception):
     """A user-facing failure: printed as one line, exit code 2."""
 
 
+def _presets_epilog() -> str:
+    from tilevox.models.registry import PRESETS
+
+    return ("models: a checkpoint directory, or random:<preset> with seeded random weights (noise), presets: "
+            + ", ".join(PRESETS) + ". List a model's voices with `tilevox voices --model M`.")
+
+
 def _add_synth(subparsers) -> None:
-    p = subparsers.add_parser("synth", help="synthesize one utterance to a WAV file")
+    p = subparsers.add_parser("synth", help="synthesize one utterance to a WAV file", epilog=_presets_epilog())
     p.add_argument("--model", required=True, help="checkpoint directory or random:<preset> (e.g. random:llama-tiny)")
     p.add_argument("--text", required=True, help="text to speak")
     p.add_argument("--out", required=True, type=Path, help="output .wav path")
@@ -36,6 +49,7 @@ def _add_synth(subparsers) -> None:
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
     p.add_argument("--fused-swiglu", default="auto", choices=["auto", "on", "off"],
                    help="fused CUTLASS SwiGLU MLPs: auto = where they can run (Hopper, bf16), else the PyTorch path")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_megakernel_args(p)
     p.set_defaults(handler=_run_synth)
 
@@ -101,10 +115,14 @@ def _run_synth(args: argparse.Namespace) -> int:
     )
     model = load_model(args.model, device=args.device, dtype=dtype, fused_swiglu=_fused_swiglu_mode(args))
     if model.is_random:
-        print(f"warning: {args.model} has random weights: the audio is noise", file=sys.stderr)
+        print(f"warning: {args.model} has {RANDOM_WEIGHTS_NOTE}", file=sys.stderr)
     _install_megakernel(model, args)
     model.validate(request)
-    result = synthesize(model, request)
+    from tqdm import tqdm
+
+    with tqdm(total=round(args.max_duration, 2), unit="s", desc="audio", file=sys.stderr, leave=False,
+              disable=args.quiet or not sys.stderr.isatty(), bar_format="{desc}: {n:.2f}/{total} s [{elapsed}, {rate_fmt}]") as bar:
+        result = synthesize(model, request, on_chunk=lambda chunk: bar.update(chunk.samples.size / model.sample_rate_hz))
     soundfile.write(str(args.out), result.samples, result.sample_rate_hz, subtype="PCM_16")
     print(
         f"wrote {args.out}: {result.duration_s:.2f} s at {result.sample_rate_hz} Hz, {result.num_frames} frames "
@@ -115,7 +133,7 @@ def _run_synth(args: argparse.Namespace) -> int:
 
 
 def _add_serve(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="serve the OpenAI HTTP, Riva gRPC and WebSocket APIs")
+    p = subparsers.add_parser("serve", help="serve the OpenAI HTTP, Riva gRPC and WebSocket APIs", epilog=_presets_epilog())
     p.add_argument("--model", default=None, help="checkpoint directory or random:<preset>; default: random:llama-tiny on CPU")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP and WebSocket port")
@@ -124,7 +142,9 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
     p.add_argument("--max-streams", type=int, default=None, help="concurrent streams (default: the model's limit, at most 32)")
     p.add_argument("--max-queued", type=int, default=None, help="streams waiting for a slot before 429 (default: max-streams)")
-    p.add_argument("--api-key", default=None, help="require this key (default: $TILEVOX_API_KEY; unset = no auth)")
+    p.add_argument("--api-key", default=None,
+                   help="require this key on every synthesis call (default: $TILEVOX_API_KEY; neither set = no auth; "
+                        "an empty or blank key is refused)")
     p.add_argument("--max-text-chars", type=int, default=4096)
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds a WebSocket/gRPC stream may stay silent")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds active streams get to finish after SIGTERM")
@@ -134,48 +154,112 @@ def _add_serve(subparsers) -> None:
     p.set_defaults(handler=_run_serve)
 
 
-def _run_serve(args: argparse.Namespace) -> int:
+def _api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else $TILEVOX_API_KEY, else None (no auth). A given but empty or blank key is an error
+    (`--api-key "$KEY"` with KEY unset must not silently turn authentication off)."""
     import os
 
+    for source, key in (("--api-key", args.api_key), ("TILEVOX_API_KEY", os.environ.get("TILEVOX_API_KEY"))):
+        if key is not None:
+            if not key.strip():
+                raise CommandError(f"{source} is empty: give a key, or leave it unset to serve without authentication")
+            return key
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _run_serve(args: argparse.Namespace) -> int:
     import torch
 
     from tilevox.models.registry import load_model, parse_dtype
-    from tilevox.server.app import serve
+    from tilevox.server.app import PortInUseError, bind_ports, serve
     from tilevox.server.config import DEFAULT_MODEL, ServerConfig
     from tilevox.server.logs import configure_logging
 
-    configure_logging(logging.INFO)
+    # Everything that can be checked without the model is checked before it loads (minutes on a GPU).
+    if args.max_streams is not None and args.max_streams < 1:
+        raise CommandError(f"--max-streams must be >= 1, got {args.max_streams}")
+    if args.max_queued is not None and args.max_queued < 0:
+        raise CommandError(f"--max-queued must be >= 0, got {args.max_queued}")
+    api_key = _api_key(args)
     if args.model is None:
         print(f"tilevox: no --model given: serving {DEFAULT_MODEL} (random weights, noise) on CPU", file=sys.stderr)
         model_spec, device = DEFAULT_MODEL, args.device or "cpu"
     else:
         model_spec, device = args.model, args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
-    model = load_model(model_spec, device=device, dtype=parse_dtype(dtype_name),
-                       fused_swiglu=_fused_swiglu_mode(args))
+    probe = ServerConfig(model=model_spec, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, device=device,
+                         dtype=dtype_name, api_key=api_key, max_text_chars=args.max_text_chars,
+                         idle_timeout_s=args.idle_timeout, drain_timeout_s=args.drain_timeout)  # validates the options
+    try:
+        ports = bind_ports(args.host, args.http_port, args.grpc_port)
+    except PortInUseError as exc:
+        raise CommandError(str(exc)) from exc
+    configure_logging(logging.INFO)
+    if api_key is None and not _is_loopback(args.host):
+        log.warning("no API key: anyone who can reach %s:%d (HTTP) and :%d (gRPC) can use this server; "
+                    "set --api-key or TILEVOX_API_KEY", args.host, args.http_port, args.grpc_port)
+    model = load_model(model_spec, device=device, dtype=parse_dtype(dtype_name), fused_swiglu=_fused_swiglu_mode(args))
     if model.is_random:
-        print(f"warning: {model_spec} has random weights: the audio is noise", file=sys.stderr)
+        print(f"warning: {model_spec} has {RANDOM_WEIGHTS_NOTE}", file=sys.stderr)
     _install_megakernel(model, args)
+    if args.max_streams is not None and args.max_streams > model.max_streams:
+        raise CommandError(f"--max-streams {args.max_streams} exceeds what {model.model_id} supports ({model.max_streams})")
     max_streams = args.max_streams or min(model.max_streams, 32)
-    config = ServerConfig(
-        model=model_spec, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, device=device,
-        dtype=dtype_name, max_streams=max_streams,
-        max_queued=max_streams if args.max_queued is None else args.max_queued,
-        api_key=args.api_key or os.environ.get("TILEVOX_API_KEY") or None,
-        max_text_chars=args.max_text_chars, idle_timeout_s=args.idle_timeout, drain_timeout_s=args.drain_timeout,
-    )
-    print(f"tilevox: serving {model.model_id} ({model.sample_rate_hz} Hz) on http://{args.host}:{args.http_port} "
-          f"and grpc {args.host}:{args.grpc_port}", file=sys.stderr)
-    serve(config, model)
+    config = dataclasses.replace(probe, max_streams=max_streams,
+                                 max_queued=max_streams if args.max_queued is None else args.max_queued)
+
+    def on_ready(handle) -> None:
+        print(f"tilevox: serving {model.model_id} ({model.sample_rate_hz} Hz) on http://{args.host}:{handle.http_port} "
+              f"and grpc {args.host}:{handle.grpc_port}", file=sys.stderr, flush=True)
+
+    serve(config, model, ports=ports, on_ready=on_ready)
+    return 0
+
+
+def _add_voices(subparsers) -> None:
+    p = subparsers.add_parser("voices", help="list a model's voices and the OpenAI / NVIDIA names mapped onto them",
+                              epilog=_presets_epilog())
+    p.add_argument("--model", required=True, help="checkpoint directory or random:<preset>")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(handler=_run_voices)
+
+
+def _run_voices(args: argparse.Namespace) -> int:
+    import json
+
+    from tilevox.models.registry import load_model
+    from tilevox.server.voices import VoiceCatalog
+
+    catalog = VoiceCatalog.for_model(load_model(args.model, device="cpu"))
+    listed = catalog.listed()
+    if args.json:
+        print(json.dumps({"model": catalog.model_id, "languages": list(catalog.languages), "voices": listed}, indent=2))
+        return 0
+    print(f"{catalog.model_id}: languages {', '.join(catalog.languages) or '(any)'}")
+    for v in listed:
+        maps = f" -> {v['maps_to']}" if "maps_to" in v else ""
+        print(f"  {v['id']:<40} {v['kind']}{maps}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tilevox", description="Streaming text-to-speech for Hopper GPUs")
+    parser = argparse.ArgumentParser(prog="tilevox", description="Streaming text-to-speech for Hopper GPUs", epilog=_presets_epilog())
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_synth(subparsers)
     _add_serve(subparsers)
+    _add_voices(subparsers)
     return parser
 
 
@@ -183,13 +267,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from tilevox.models.errors import CheckpointError
+
     try:
         return args.handler(args)
-    except (CommandError, ValueError, RuntimeError, OSError) as exc:
-        # ValueError/RuntimeError/OSError cover bad requests, unknown models and unreadable checkpoints;
-        # programming errors (TypeError, AttributeError, ...) still show a traceback.
+    except (CommandError, CheckpointError, ValueError, OSError) as exc:
+        # user mistakes: bad options and requests (ValueError, RequestError), unknown models, unreadable
+        # or broken checkpoints, missing files, taken ports (OSError)
         print(f"tilevox: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # not the user's mistake (a CUDA error, a bug): say what and why
+        cause = exc.__cause__ or exc.__context__
+        print(f"tilevox: internal error: {type(exc).__name__}: {exc}" + (f" (caused by {type(cause).__name__}: {cause})" if cause else ""),
+              file=sys.stderr)
+        if args.verbose:
+            import traceback
+
+            traceback.print_exc()
+        else:
+            print("tilevox: run with -v for the traceback", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""Riva-compatible gRPC surface: `nvidia.riva.tts.RivaSpeechSynthesis` on the stubs that the
-nvidia-riva-client wheel ships (Synthesize, bidirectional SynthesizeOnline, GetRivaSynthesisConfig),
-plus the standard grpc.health.v1 service.
+"""Riva-compatible gRPC surface: `nvidia.riva.tts.RivaSpeechSynthesis` on tilevox's own Riva
+stubs (`tilevox.server.riva_proto`, generated from Riva's .proto files; no nvidia-riva-client needed):
+Synthesize, bidirectional SynthesizeOnline, GetRivaSynthesisConfig, plus the standard grpc.health.v1 service.
 
 LINEAR_PCM is raw s16le at the requested rate (0 = the model's), resampled with soxr; OGGOPUS,
 FLAC, MULAW and ALAW are also served. Voices are listed as `Tilevox.<LANG>` with subvoices, and
@@ -16,7 +16,6 @@ import dataclasses
 import logging
 
 import grpc
-from riva.client.proto import riva_audio_pb2, riva_tts_pb2, riva_tts_pb2_grpc
 
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest
@@ -24,6 +23,7 @@ from tilevox.server.audio import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ, AudioFo
 from tilevox.server.errors import map_exception
 from tilevox.server.logs import log_event
 from tilevox.server.protocol import ApiError
+from tilevox.server.riva_proto import riva_audio_pb2, riva_tts_pb2, riva_tts_pb2_grpc
 from tilevox.server.state import ServerState, bearer_token, new_request_id
 
 __all__ = ["RivaSynthesisService", "add_to_server", "riva_language_code", "riva_voice_prefix"]

@@ -37,7 +37,7 @@ log = logging.getLogger("tilevox.http")
 
 def _log_mapped(mapped: MappedError, exc: BaseException, request_id: str, event: str) -> None:
     if mapped.unexpected:
-        log.error("%s: unexpected error", event, exc_info=exc, extra={"request_id": request_id})
+        log_event(log, event, level=logging.ERROR, exc_info=exc, request_id=request_id, status=500)
     else:
         log_event(log, event, level=logging.WARNING, request_id=request_id, status=mapped.http_status, error=mapped.message)
 

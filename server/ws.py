@@ -58,7 +58,7 @@ class _Player:
     async def send_error(self, exc: BaseException) -> None:
         mapped = map_exception(exc, self.session.request_id)
         if mapped.unexpected:
-            log.error("ws session failed", exc_info=exc, extra={"request_id": self.session.request_id})
+            log_event(log, "ws.failed", level=logging.ERROR, exc_info=exc, request_id=self.session.request_id)
         else:
             log_event(log, "ws.error", level=logging.WARNING, request_id=self.session.request_id, code=mapped.code, error=mapped.message)
         await self.send_event({"type": "error", "code": mapped.code, "message": mapped.message, "status": mapped.http_status})

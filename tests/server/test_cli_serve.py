@@ -1,0 +1,156 @@
+"""`tilevox serve` / `tilevox voices` as a user runs them: option checks before the model loads, ports that
+are taken, authentication that cannot be switched off by accident, JSON-only logs, a forced second Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tilevox.server.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, int, int]:
+    http_port, grpc_port = _free_port(), _free_port()
+    cmd = [sys.executable, "-m", "tilevox.server.cli", "serve", "--host", "127.0.0.1", "--http-port", str(http_port),
+           "--grpc-port", str(grpc_port), *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"OMP_NUM_THREADS": "1"} | (env or {}))
+    return proc, http_port, grpc_port
+
+
+def _wait_ready(proc: subprocess.Popen, http_port: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if httpx.get(f"http://127.0.0.1:{http_port}/ready").status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise AssertionError("server not ready")
+
+
+@pytest.mark.parametrize("argv,env,message", [
+    (["--api-key", ""], {}, "--api-key is empty"),
+    (["--api-key", "   "], {}, "--api-key is empty"),
+    ([], {"TILEVOX_API_KEY": ""}, "TILEVOX_API_KEY is empty"),
+    (["--max-streams", "0"], {}, "--max-streams must be >= 1, got 0"),
+    (["--max-streams", "-3"], {}, "--max-streams must be >= 1"),
+])
+def test_bad_options_fail_before_the_model_loads(argv, env, message, capsys, monkeypatch):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr("tilevox.models.registry.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["serve", "--model", "random:llama-tiny", "--http-port", "0", "--grpc-port", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"tilevox: error: {message}" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("which", ["http", "grpc"])
+def test_a_taken_port_fails_fast_and_names_itself(which, capsys, monkeypatch):
+    monkeypatch.setattr("tilevox.models.registry.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        ports = {"http": ["--http-port", str(port), "--grpc-port", "0"], "grpc": ["--http-port", "0", "--grpc-port", str(port)]}[which]
+        assert main(["serve", "--host", "127.0.0.1", "--model", "random:llama-tiny", *ports]) == 2
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port}" in err and "serving" not in err
+
+
+@pytest.mark.slow
+def test_a_second_server_cannot_share_the_grpc_port():
+    first, http_port, grpc_port = _serve()
+    try:
+        _wait_ready(first, http_port)
+        second = subprocess.run([sys.executable, "-m", "tilevox.server.cli", "serve", "--host", "127.0.0.1", "--http-port",
+                                 str(_free_port()), "--grpc-port", str(grpc_port)], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and f"127.0.0.1:{grpc_port}" in second.stderr, second.stderr[-2000:]
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+
+
+def _read_all(url: str, headers: dict, outcome: list) -> None:
+    try:
+        with httpx.stream("POST", url, json={"input": "long " * 200, "max_duration_s": 60}, headers=headers, timeout=30) as r:
+            outcome.append(sum(len(b) for b in r.iter_bytes()))
+    except httpx.HTTPError as exc:  # the forced exit cuts this stream
+        outcome.append(type(exc).__name__)
+
+
+@pytest.mark.slow
+def test_logs_are_one_json_object_per_line_and_a_second_ctrl_c_forces_exit():
+    proc, http_port, _ = _serve("--drain-timeout", "60", "--api-key", "k")
+    try:
+        _wait_ready(proc, http_port)
+        url = f"http://127.0.0.1:{http_port}/v1/audio/speech"
+        auth = {"authorization": "Bearer k"}
+        httpx.post(url, content=b'{"input": ' + b"[" * 5000, headers=auth)  # rejected: logged
+        httpx.post(url, json={"input": "x"})  # 401: logged
+        # a long stream (read by a client thread) keeps the drain busy, so the second SIGINT is what ends it
+        outcome: list = []
+        reader = threading.Thread(target=_read_all, args=(url, auth, outcome), daemon=True)
+        reader.start()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert proc.poll() is None  # the first Ctrl-C drains: the stream is still running
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        out, err = proc.communicate(timeout=20)
+        assert time.monotonic() - started < 5 and proc.returncode == 130
+        reader.join(10)
+        assert outcome == ["RemoteProtocolError"]  # the stream was cut, visibly
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    # the CLI's own human lines come before logging is configured and start with "tilevox:" / "warning:"
+    log_lines = [ln for ln in lines if not ln.startswith(("tilevox:", "warning:"))]
+    events = [json.loads(ln) for ln in log_lines]  # every other line is one JSON object
+    names = [e["event"] for e in events]
+    assert "server.ready" in names and "speech.rejected" in names and "server.forced_exit" in names
+
+
+def test_help_lists_presets_and_voices_lists_aliases(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "qwen3-tts-0.6b" in capsys.readouterr().out
+    assert main(["voices", "--model", "random:llama-tiny", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    ids = {v["id"] for v in listed["voices"]}
+    assert "alloy" in ids and listed["model"] == "random:llama-tiny"
+
+
+def test_an_unexpected_error_shows_its_cause_and_exits_1(capsys, monkeypatch):
+    def boom(*args, **kwargs):
+        try:
+            raise OSError("device-side assert")
+        except OSError as inner:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered") from inner
+
+    monkeypatch.setattr("tilevox.models.streaming.synthesize", boom)
+    assert main(["synth", "--model", "random:llama-tiny", "--text", "hi", "--out", "/tmp/tilevox_cli_boom.wav", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "internal error: RuntimeError: CUDA error: an illegal memory access" in err and "caused by OSError" in err
