@@ -10,6 +10,8 @@ A stream that ends early never looks finished: with `stream_format: "sse"` it en
 body is aborted (the connection closes without the chunked terminator, so clients report an incomplete
 body). `"stream": false` returns the whole file at once with a Content-Length and exact WAV/FLAC headers.
 A client's `x-request-id` is used when it is 1-128 characters of [A-Za-z0-9._:-], else a fresh id.
+A 429 carries `retry-after` (and `retry-after-ms`) and, usually, `x-tilevox-ticket`: sent back on the retry, it keeps the
+client's place in line (server/scheduler.py, fair admission).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import base64
 import json
 import logging
+import math
 import time
 
 from fastapi import FastAPI, Request
@@ -46,7 +49,10 @@ def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
     mapped = map_exception(exc, request_id)
     headers = {"x-request-id": request_id}
     if isinstance(exc, OverloadedError):
-        headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
+        headers["retry-after"] = str(max(1, math.ceil(exc.retry_after_s)))  # whole seconds, per RFC 9110
+        headers["retry-after-ms"] = str(max(1, round(exc.retry_after_s * 1000)))  # what OpenAI's SDKs read first
+        if exc.ticket:
+            headers["x-tilevox-ticket"] = exc.ticket
     return JSONResponse(mapped.openai_body(), status_code=mapped.http_status, headers=headers)
 
 
@@ -126,7 +132,7 @@ def build_http_app(state: ServerState) -> FastAPI:
                 default_pcm_rate_hz=OPENAI_PCM_RATE_HZ,
             )
             encoder = StreamEncoder(params.response_format, in_rate_hz=state.model.sample_rate_hz, out_rate_hz=params.sample_rate_hz)
-            handle = state.scheduler.submit(params.request)
+            handle = state.scheduler.submit(params.request, ticket=request.headers.get("x-tilevox-ticket"))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a 4xx/5xx JSON body naming the request id
             return _rejected(exc, request_id)
         log_event(log, "speech.accepted", request_id=request_id, chars=len(params.request.text), format=params.response_format.value, stream_format=params.stream_format)

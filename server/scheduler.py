@@ -4,7 +4,14 @@ One worker thread owns the model (and so the device): it alone calls open_stream
 close. Between two steps it closes cancelled streams, admits queued requests into free slots
 and picks the next batch, so streams join and leave the running batch every frame. Admission
 is bounded (`max_active` running + `max_queued` waiting); beyond that `submit` raises
-`OverloadedError` at once. Each stream's chunks reach the asyncio loop through
+`OverloadedError` at once, with a Retry-After from the measured rate at which streams finish.
+
+Fair admission: the waiting requests form one FIFO across all surfaces. A refusal also hands out a
+ticket (valid for `TICKET_TTL_S` after its Retry-After; the newest `MAX_TICKETS` are kept); a client that
+comes back with it is queued even when the queue is full (up to another `max_active + max_queued`
+waiting), in the order of its first attempt, so clients that wait as told are served before later
+arrivals and are not beaten by clients that retry at once. Tickets never hold places: a ticket nobody
+redeems costs nothing. Each stream's chunks reach the asyncio loop through
 `loop.call_soon_threadsafe`, so front ends simply iterate a `StreamHandle`.
 """
 
@@ -14,6 +21,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -29,14 +37,18 @@ __all__ = [
 
 log = logging.getLogger("tilevox.scheduler")
 
+TICKET_TTL_S = 10.0  # how long after its Retry-After a refused client's ticket keeps its place in line
+MAX_TICKETS = 10_000  # outstanding tickets kept (oldest dropped): bounded memory under any retry storm
+
 
 class OverloadedError(RuntimeError):
     """All running slots and queue places are taken (HTTP 429 / RESOURCE_EXHAUSTED). `retry_after_s` is
     when a place is expected to be free, from the measured rate at which streams finish."""
 
-    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, ticket: str | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.ticket = ticket  # present it on the retry (HTTP header / gRPC metadata `x-tilevox-ticket`)
 
 
 class ShuttingDownError(RuntimeError):
@@ -108,6 +120,8 @@ class StreamHandle:
         self.num_samples = 0
         self.is_cancelled = False
         self.is_truncated = False  # cut by the server (shutdown), not by its client
+        self.queue_order = time.monotonic()  # place in the waiting FIFO: the first attempt's time
+        self.holds_ticket = False  # admitted with a ticket: does not count against max_queued
 
     def cancel(self) -> None:
         self._scheduler._cancel(self)
@@ -173,6 +187,7 @@ class Scheduler:
         self._unfinished: dict[int, StreamHandle] = {}  # every handle not yet ended, wherever it is
         self._ids = itertools.count(1)
         self._finish_times: collections.deque[float] = collections.deque(maxlen=4096)  # monotonic, for Retry-After
+        self._tickets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()  # -> (first attempt, expires)
         self._accepting = True
         self._stop = False
         self.worker_error: BaseException | None = None  # set if the worker loop itself died
@@ -193,8 +208,9 @@ class Scheduler:
         with self._lock:
             return len(self._pending)
 
-    def submit(self, request: SynthesisRequest) -> StreamHandle:
-        """Validate and enqueue; raises ValueError (bad request), OverloadedError or ShuttingDownError."""
+    def submit(self, request: SynthesisRequest, *, ticket: str | None = None) -> StreamHandle:
+        """Validate and enqueue; raises RequestError (bad request), OverloadedError or ShuttingDownError.
+        `ticket`: what an earlier OverloadedError handed out (unknown or expired tickets are ignored)."""
         self.model.validate(request)
         loop = asyncio.get_running_loop()
         with self._lock:
@@ -202,30 +218,48 @@ class Scheduler:
                 raise SynthesisFailed(f"the model worker stopped: {self.worker_error}")
             if not self._accepting:
                 raise ShuttingDownError("server is shutting down")
-            # A handle counts against the limits until the worker has closed it.
-            if len(self._active) + len(self._pending) + len(self._to_close) >= self.max_active + self.max_queued:
+            now = time.monotonic()
+            while self._tickets and (len(self._tickets) > MAX_TICKETS or next(iter(self._tickets.values()))[1] < now):
+                self._tickets.popitem(last=False)  # tickets expire in the order they were handed out
+            redeemed = self._tickets.pop(ticket, None) if ticket else None
+            if redeemed is not None and redeemed[1] < now:
+                redeemed = None  # expired: a newcomer again
+            # A handle counts against the limits until the worker has closed it; ticket holders wait
+            # beyond max_queued, up to another max_active + max_queued of them.
+            holders = sum(1 for h in self._pending if h.holds_ticket)
+            used = len(self._active) + len(self._to_close) + len(self._pending) - holders
+            limit = self.max_active + self.max_queued
+            if (used >= limit and redeemed is None) or (redeemed is not None and holders >= limit):
                 retry_after_s = self._expected_wait_s()
+                new_ticket = secrets.token_urlsafe(12)  # a returning client keeps its first attempt's place
+                self._tickets[new_ticket] = (redeemed[0] if redeemed else now, now + retry_after_s + TICKET_TTL_S)
                 raise OverloadedError(
                     f"server busy: {self.max_active} streams running and {self.max_queued} queued; "
-                    f"retry in {retry_after_s:.1f} s", retry_after_s=retry_after_s,
+                    f"retry in {retry_after_s:.1f} s", retry_after_s=retry_after_s, ticket=new_ticket,
                 )
             handle = StreamHandle(self, next(self._ids), request, loop)
-            self._pending.append(handle)
+            if redeemed is None:
+                self._pending.append(handle)
+            else:  # back in the line at its first attempt's place
+                handle.holds_ticket, handle.queue_order = True, redeemed[0]
+                index = next((i for i, h in enumerate(self._pending) if h.queue_order > handle.queue_order), len(self._pending))
+                self._pending.insert(index, handle)
             self._unfinished[handle.handle_id] = handle
             self._update_gauges()
             self._lock.notify()
         return handle
 
     def _expected_wait_s(self) -> float:
-        """Under the lock: seconds until a place is expected to free up, from the rate at which streams
-        finished over the last minute (1 s before any has finished; at most 30 s)."""
+        """Under the lock: seconds until a newcomer would reach a running slot: the streams waiting ahead
+        of it (plus itself) over the rate at which streams finished in the last minute (1 s before two
+        have finished; between 50 ms and 30 s)."""
         now = time.monotonic()
         while self._finish_times and self._finish_times[0] < now - 60.0:
             self._finish_times.popleft()
         if len(self._finish_times) < 2:
             return 1.0
         rate = len(self._finish_times) / max(now - self._finish_times[0], 1e-3)
-        return min(30.0, max(0.5, 1.0 / rate))
+        return min(30.0, max(0.05, (len(self._pending) + 1) / rate))
 
     def stop_accepting(self) -> None:
         with self._lock:

@@ -209,3 +209,57 @@ def test_worker_death_fails_streams_and_refuses_new_ones(sched_factory):
 
     _run(main())
     assert sched.worker_error is not None
+
+
+def test_a_ticket_keeps_its_first_attempts_place_in_line():
+    """Refused requests get a ticket; coming back with it queues them beyond max_queued, ahead of later arrivals."""
+    import asyncio
+
+    from tilevox.server.scheduler import OverloadedError, Scheduler
+    from tests.server.fake_model import FakeSpeechModel
+
+    async def main():
+        scheduler = Scheduler(FakeSpeechModel(step_delay_s=0.05), max_active=1, max_queued=1)
+        scheduler.start()
+        try:
+            running = scheduler.submit(SynthesisRequest(text="a" * 40))
+            while scheduler.num_active == 0:  # the worker admits it
+                await asyncio.sleep(0.002)
+            queued = scheduler.submit(SynthesisRequest(text="b"))
+            with pytest.raises(OverloadedError) as refused:
+                scheduler.submit(SynthesisRequest(text="c"))
+            assert refused.value.ticket and 0 < refused.value.retry_after_s <= 30
+            with pytest.raises(OverloadedError):  # a newcomer without a ticket: still full
+                scheduler.submit(SynthesisRequest(text="d"))
+            back = scheduler.submit(SynthesisRequest(text="c"), ticket=refused.value.ticket)
+            assert scheduler.num_queued == 2 and back.holds_ticket  # beyond max_queued=1
+            with pytest.raises(OverloadedError):  # a ticket is single-use
+                scheduler.submit(SynthesisRequest(text="c"), ticket=refused.value.ticket)
+            for handle in (running, queued, back):
+                await handle.collect()
+        finally:
+            scheduler.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_finished_stream_frees_its_place_before_its_client_is_told():
+    """A closed loop of N clients on N places and no queue never sees a spurious 429 (issue 19 item 8)."""
+    import asyncio
+
+    from tilevox.server.scheduler import Scheduler
+    from tests.server.fake_model import FakeSpeechModel
+
+    async def main():
+        scheduler = Scheduler(FakeSpeechModel(), max_active=3, max_queued=0)
+        scheduler.start()
+        try:
+            async def client(i):
+                for k in range(20):
+                    await scheduler.submit(SynthesisRequest(text="x" * (1 + (i + k) % 4))).collect()
+
+            await asyncio.gather(*(client(i) for i in range(3)))
+        finally:
+            scheduler.shutdown()
+
+    asyncio.run(main())
