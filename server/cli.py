@@ -146,6 +146,8 @@ def _add_serve(subparsers) -> None:
                    help="require this key on every synthesis call (default: $TILEVOX_API_KEY; neither set = no auth; "
                         "an empty or blank key is refused)")
     p.add_argument("--max-text-chars", type=int, default=4096)
+    p.add_argument("--strict-voices", action="store_true",
+                   help="refuse Riva voice names that match no voice (default: serve the default voice, warn once per name)")
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds a WebSocket/gRPC stream may stay silent")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds active streams get to finish after SIGTERM")
     p.add_argument("--fused-swiglu", default="auto", choices=["auto", "on", "off"],
@@ -199,7 +201,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         model_spec, device = args.model, args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
     probe = ServerConfig(model=model_spec, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, device=device,
-                         dtype=dtype_name, api_key=api_key, max_text_chars=args.max_text_chars,
+                         dtype=dtype_name, api_key=api_key, max_text_chars=args.max_text_chars, strict_voices=args.strict_voices,
                          idle_timeout_s=args.idle_timeout, drain_timeout_s=args.drain_timeout)  # validates the options
     try:
         ports = bind_ports(args.host, args.http_port, args.grpc_port)

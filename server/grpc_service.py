@@ -4,9 +4,15 @@ Synthesize, bidirectional SynthesizeOnline, GetRivaSynthesisConfig, plus the sta
 
 LINEAR_PCM is raw s16le at the requested rate (0 = the model's), resampled with soxr; OGGOPUS,
 FLAC, MULAW and ALAW are also served. Voices are listed as `Tilevox.<LANG>` with subvoices, and
-accepted as full (`Tilevox.EN-US.anna`), bare (`anna`) or OpenAI alias names. custom_configuration
-carries seed, max_duration_s, temperature, top_k, top_p and instructions. With an API key, calls
-need metadata `authorization: Bearer <key>` (or `api-key: <key>`).
+accepted as full (`Tilevox.EN-US.anna`), bare (`anna`), OpenAI alias or NVIDIA catalog names
+(`Magpie-Multilingual.EN-US.Aria`); a name that matches nothing is served by the default voice with one
+warning per name, unless `strict_voices`. custom_configuration carries seed, max_duration_s, temperature,
+top_k, top_p and instructions. With an API key, Synthesize and SynthesizeOnline need metadata
+`authorization: Bearer <key>` (or `api-key: <key>`); GetRivaSynthesisConfig does not (it lists voices and
+rates only, and Riva's own client sends no metadata on it). A stream the server cut at its drain
+deadline ends with ABORTED, never OK. `x-request-id` metadata names the request in the logs; on
+RESOURCE_EXHAUSTED the trailing metadata carries `retry-after-ms` and `x-tilevox-ticket`, which a retry
+sends back as metadata to keep its place in line.
 """
 
 from __future__ import annotations
@@ -17,14 +23,16 @@ import logging
 
 import grpc
 
+from tilevox.models.errors import RequestError
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest
 from tilevox.server.audio import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ, AudioFormat, StreamEncoder
 from tilevox.server.errors import map_exception
 from tilevox.server.logs import log_event
-from tilevox.server.protocol import ApiError
+from tilevox.server.protocol import ApiError, check_text
 from tilevox.server.riva_proto import riva_audio_pb2, riva_tts_pb2, riva_tts_pb2_grpc
-from tilevox.server.state import ServerState, bearer_token, new_request_id
+from tilevox.server.scheduler import OverloadedError
+from tilevox.server.state import ServerState, bearer_token, request_id_of
 
 __all__ = ["RivaSynthesisService", "add_to_server", "riva_language_code", "riva_voice_prefix"]
 
@@ -64,14 +72,21 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
 
     # ---- helpers ---------------------------------------------------------------------
     async def _abort(self, context: grpc.aio.ServicerContext, exc: BaseException, request_id: str):
-        mapped = map_exception(exc)
-        if mapped is None:
-            raise exc
-        log_event(log, "grpc.rejected", level=logging.WARNING, request_id=request_id, code=mapped.grpc_code.name, error=mapped.message)
+        mapped = map_exception(exc, request_id)
+        log_event(log, "grpc.rejected", level=logging.ERROR if mapped.unexpected else logging.WARNING, request_id=request_id,
+                  code=mapped.grpc_code.name, error=mapped.message, exc_info=exc if mapped.unexpected else None)
+        if isinstance(exc, OverloadedError):
+            context.set_trailing_metadata((("retry-after-ms", str(max(1, round(exc.retry_after_s * 1000)))),
+                                           *((("x-tilevox-ticket", exc.ticket),) if exc.ticket else ())))
+        self.state.metrics.requests_total.labels(api="grpc", outcome=f"rejected_{mapped.http_status}").inc()
         await context.abort(mapped.grpc_code, mapped.message)
 
+    @staticmethod
+    def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+        return {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+
     def _check_auth(self, context: grpc.aio.ServicerContext) -> None:
-        md = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
+        md = self._metadata(context)
         presented = bearer_token(md.get("authorization")) or md.get("api-key")
         if not self.state.check_api_key(presented):
             raise ApiError(401, "missing or wrong API key (metadata authorization: Bearer <key>)", code="invalid_api_key")
@@ -83,7 +98,7 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
         if name.startswith(prefix + "."):
             name = name[len(prefix) + 1 :]
         try:
-            return self.state.catalog.resolve_voice(name)
+            return self.state.catalog.resolve_voice(name, lenient=not self.state.config.strict_voices)
         except ValueError as exc:
             raise ApiError(400, str(exc), param="voice_name") from exc
 
@@ -100,6 +115,7 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
         cfg = self.state.config
         if not req.text.strip():
             raise ApiError(400, "text must be non-empty", param="text")
+        check_text(req.text, param="text")
         if len(req.text) > cfg.max_text_chars:
             raise ApiError(400, f"text is {len(req.text)} characters; the limit is {cfg.max_text_chars}", param="text")
         if req.encoding not in _ENCODINGS:
@@ -113,8 +129,14 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
         unknown = sorted(set(custom) - set(_CUSTOM_KEYS))
         if unknown:
             raise ApiError(400, f"unknown custom_configuration key(s) {unknown}; known: {sorted(_CUSTOM_KEYS)}", param="custom_configuration")
+        values = {}
+        for key, raw in custom.items():
+            try:
+                values[key] = _CUSTOM_KEYS[key](raw)
+            except ValueError:
+                kind = {int: "an integer", float: "a number", str: "a string"}[_CUSTOM_KEYS[key]]
+                raise ApiError(400, f"custom_configuration {key!r} must be {kind}, got {raw!r}", param=f"custom_configuration.{key}") from None
         try:
-            values = {k: _CUSTOM_KEYS[k](v) for k, v in custom.items()}
             defaults = SamplingParams()
             sampling = SamplingParams(
                 temperature=values.get("temperature", defaults.temperature),
@@ -140,17 +162,17 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
             encoder = StreamEncoder(_ENCODINGS[req.encoding], in_rate_hz=self.state.model.sample_rate_hz, out_rate_hz=rate)
         except ApiError:
             raise
-        except ValueError as exc:
+        except RequestError as exc:  # anything else is a bug: INTERNAL, logged with its traceback
             raise ApiError(400, str(exc)) from exc
         return request, encoder
 
     # ---- RPCs --------------------------------------------------------------------------
     async def Synthesize(self, request, context):
-        request_id = new_request_id()
+        request_id = request_id_of(self._metadata(context))
         try:
             self._check_auth(context)
             synth_request, encoder = self._parse(request)
-            handle = self.state.scheduler.submit(synth_request)
+            handle = self.state.scheduler.submit(synth_request, ticket=self._metadata(context).get("x-tilevox-ticket"))
         except Exception as exc:  # noqa: BLE001 - mapped to a status; unmapped re-raise
             await self._abort(context, exc, request_id)
         try:
@@ -165,7 +187,7 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
         return riva_tts_pb2.SynthesizeSpeechResponse(audio=b"".join(parts), meta=riva_tts_pb2.SynthesizeSpeechResponseMetadata(text=request.text), id=request.id)
 
     async def SynthesizeOnline(self, request_iterator, context):
-        request_id = new_request_id()
+        request_id = request_id_of(self._metadata(context))
         try:
             self._check_auth(context)
         except ApiError as exc:
@@ -180,7 +202,7 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no request for {self.state.config.idle_timeout_s} s")
             try:
                 synth_request, encoder = self._parse(request)
-                handle = self.state.scheduler.submit(synth_request)
+                handle = self.state.scheduler.submit(synth_request, ticket=self._metadata(context).get("x-tilevox-ticket"))
             except Exception as exc:  # noqa: BLE001
                 await self._abort(context, exc, request_id)
             try:
@@ -199,10 +221,8 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
             log_event(log, "grpc.online.finished", request_id=request_id, stats=handle.stats.as_dict())
 
     async def GetRivaSynthesisConfig(self, request, context):
-        try:
-            self._check_auth(context)
-        except ApiError as exc:
-            await self._abort(context, exc, new_request_id())
+        # No key needed: it lists voices and rates only, like the health probes, and Riva's client (with
+        # the frameworks built on it) calls it without metadata; synthesis calls still need the key.
         catalog = self.state.catalog
         voices = catalog.model_voices or ("default",)
         model_name = f"tilevox-{self.state.model.model_id}"

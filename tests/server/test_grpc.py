@@ -93,7 +93,6 @@ def test_health_service(fake_server):
     [
         ({"text": ""}, grpc.StatusCode.INVALID_ARGUMENT),
         ({"text": "x" * 501}, grpc.StatusCode.INVALID_ARGUMENT),
-        ({"text": "hi", "voice_name": "nobody"}, grpc.StatusCode.INVALID_ARGUMENT),
         ({"text": "hi", "sample_rate_hz": 100}, grpc.StatusCode.INVALID_ARGUMENT),
         ({"text": "hi", "encoding": riva.client.AudioEncoding.OGGOPUS, "sample_rate_hz": 44100}, grpc.StatusCode.INVALID_ARGUMENT),
         ({"text": "hi", "custom_configuration": {"warp": "9"}}, grpc.StatusCode.INVALID_ARGUMENT),
@@ -160,3 +159,72 @@ def test_synthesize_online_idle_timeout(server_factory):
             pass
     release.set()
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_custom_configuration_errors_name_the_key(fake_server):
+    with pytest.raises(grpc.RpcError) as info:
+        _service(fake_server).synthesize("hi", custom_configuration={"seed": "abc"})
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'seed' must be an integer, got 'abc'" in info.value.details()
+
+
+def test_voice_listing_needs_no_key_but_synthesis_does(keyed_server):
+    """Riva's client calls GetRivaSynthesisConfig without metadata (talk.py --list-voices, the frameworks)."""
+    config = _service(keyed_server).stub.GetRivaSynthesisConfig(riva_tts_pb2.RivaSynthesisConfigRequest())
+    assert config.model_config[0].parameters["voice_name"].startswith("Tilevox.")
+    with pytest.raises(grpc.RpcError) as info:
+        list(_service(keyed_server).synthesize_online("no key"))
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_unknown_voices_are_served_by_default_or_refused_when_strict(server_factory, caplog):
+    import logging
+
+    lenient = server_factory()
+    with caplog.at_level(logging.WARNING, logger="tilevox.voices"):
+        for _ in range(2):
+            assert len(_service(lenient).synthesize("who", voice_name="Other-Model.EN-US.Nobody", sample_rate_hz=16000).audio) > 0
+    assert [r.getMessage() for r in caplog.records] == ["voice.unknown_served_default"]  # once per name
+    strict = server_factory(strict_voices=True)
+    with pytest.raises(grpc.RpcError) as info:
+        _service(strict).synthesize("who", voice_name="Other-Model.EN-US.Nobody")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown voice" in info.value.details()
+
+
+def test_a_stream_cut_at_shutdown_ends_aborted_not_ok():
+    import threading
+
+    from tests.server.conftest import make_server
+
+    server = make_server(FakeSpeechModel(step_delay_s=0.02), drain_timeout_s=0.3, warmup=False)
+    outcome = {}
+
+    def online():
+        try:
+            for _ in _service(server).synthesize_online("c" * 400, sample_rate_hz=16000):
+                pass
+            outcome["code"] = grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            outcome["code"] = exc.code()
+
+    t = threading.Thread(target=online)
+    t.start()
+    import time
+
+    time.sleep(0.4)
+    server.stop()
+    t.join(30)
+    assert outcome["code"] == grpc.StatusCode.ABORTED
+
+
+def test_overload_trailers_carry_retry_after_and_a_ticket(server_factory):
+    server = server_factory(FakeSpeechModel(step_delay_s=0.005), max_streams=1, max_queued=0)
+    tts = _service(server)
+    stream = tts.synthesize_online("w" * 3000, custom_configuration={"max_duration_s": "120"}, sample_rate_hz=16000)
+    next(stream)
+    with pytest.raises(grpc.RpcError) as info:
+        tts.synthesize("second")
+    trailers = dict(info.value.trailing_metadata())
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert int(trailers["retry-after-ms"]) > 0 and trailers["x-tilevox-ticket"]
+    stream.cancel()
