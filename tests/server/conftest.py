@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from tilevox.server.app import ServerHandle
@@ -9,6 +11,13 @@ from tilevox.server.config import ServerConfig
 from tests.server.fake_model import FakeSpeechModel
 
 API_KEY = "test-key-123"
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for servers started as subprocesses)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def make_server(model, **overrides) -> ServerHandle:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import pytest
 import soundfile
 
 from tilevox.server.config import ServerConfig
+from tests.server.conftest import free_port
 from tests.server.fake_model import FakeSpeechModel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,15 +86,10 @@ def test_config_validation(kwargs, match):
         ServerConfig(**kwargs)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.slow
 def test_tilevox_serve_then_readme_curl_gives_playable_wav(tmp_path):
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "tilevox.server.cli", "serve", "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
     try:

@@ -17,18 +17,14 @@ import httpx
 import pytest
 
 from tilevox.server.cli import main
+from tests.server.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, int, int]:
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "tilevox.server.cli", "serve", "--host", "127.0.0.1", "--http-port", str(http_port),
            "--grpc-port", str(grpc_port), *args]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -83,7 +79,7 @@ def test_a_second_server_cannot_share_the_grpc_port():
     try:
         _wait_ready(first, http_port)
         second = subprocess.run([sys.executable, "-m", "tilevox.server.cli", "serve", "--host", "127.0.0.1", "--http-port",
-                                 str(_free_port()), "--grpc-port", str(grpc_port)], cwd=REPO, capture_output=True, text=True, timeout=120)
+                                 str(free_port()), "--grpc-port", str(grpc_port)], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert second.returncode == 2 and f"127.0.0.1:{grpc_port}" in second.stderr, second.stderr[-2000:]
     finally:
         first.send_signal(signal.SIGTERM)
