@@ -6,7 +6,7 @@ For each format x surface (HTTP raw body, HTTP SSE, WebSocket, Riva gRPC where t
 one request at a time against a `tilevox serve` subprocess on loopback (CPU): the clock starts when the
 request is sent; "first byte" is the first audio byte received, "first decodable" the moment the bytes
 received so far first decode (PyAV for compressed formats; raw formats decode at their first byte).
-Medians of --repeats. The interesting column is the gap to `pcm` on the same surface: what a codec's frame
+Medians of --repeats, the cases measured round-robin. The interesting column is the gap to `pcm` on the same surface: what a codec's frame
 size, encoder delay and muxer add. Writes JSON and a markdown table (benchmarks/results/first_byte_cpu.*).
 """
 
@@ -121,19 +121,23 @@ def _median(values: list[float | None]) -> float | None:
 async def _measure(server: ServerProcess, repeats: int) -> list[dict]:
     cases = [("http", fmt, False) for fmt in HTTP_FORMATS] + [("http-sse", fmt, True) for fmt in HTTP_FORMATS]
     cases += [("websocket", fmt, False) for fmt in HTTP_FORMATS] + [("grpc", fmt, False) for fmt in GRPC_ENCODINGS]
-    rows = []
-    for surface, fmt, sse in cases:
-        probes = []
-        for _ in range(repeats + 1):  # the first of each case warms its encoder and connection path: dropped
+    probes: dict[tuple, list[Probe]] = {case: [] for case in cases}
+    # Round-robin over the cases, so that load or warm-up drift on the machine spreads over all of them
+    # alike; the first round warms every encoder and connection path and is dropped.
+    for round_index in range(repeats + 1):
+        for case in cases:
+            surface, fmt, sse = case
             if surface.startswith("http"):
-                probes.append(await _http(server.base_url, fmt, sse))
+                probe = await _http(server.base_url, fmt, sse)
             elif surface == "websocket":
-                probes.append(await _ws(server.base_url, fmt))
+                probe = await _ws(server.base_url, fmt)
             else:
-                probes.append(await _grpc(server.grpc_target, fmt))
-        probes = probes[1:]
-        rows.append({"surface": surface, "format": fmt, "first_byte_ms": _median([p.first_byte_ms for p in probes]),
-                     "first_decodable_ms": _median([p.first_decodable_ms for p in probes])})
+                probe = await _grpc(server.grpc_target, fmt)
+            if round_index:
+                probes[case].append(probe)
+    rows = [{"surface": surface, "format": fmt, "first_byte_ms": _median([p.first_byte_ms for p in got]),
+             "first_decodable_ms": _median([p.first_decodable_ms for p in got])}
+            for (surface, fmt, _), got in probes.items()]
     for row in rows:  # the codec's cost: the gap to raw pcm on the same surface
         pcm = next(r for r in rows if r["surface"] == row["surface"] and r["format"] == "pcm")
         row["decodable_after_pcm_ms"] = (round(row["first_decodable_ms"] - pcm["first_decodable_ms"], 1)
