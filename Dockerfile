@@ -14,7 +14,9 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/build \
     && /opt/build/bin/pip install --no-deps nvidia-cutlass==4.2.0.0
-COPY trt_plugins /src/trt_plugins
+# The installed layout (tilevox/trt_plugins), so that the module path resolves from /src.
+COPY tilevox/__init__.py /src/tilevox/__init__.py
+COPY trt_plugins /src/tilevox/trt_plugins
 RUN cd /src && /opt/build/bin/python -m tilevox.trt_plugins.build --out /out --jobs 4
 
 FROM nvidia/cuda:13.0.0-base-ubuntu24.04
@@ -37,15 +39,14 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 
 WORKDIR /opt/tilevox
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
+COPY tilevox ./tilevox
 COPY trt_plugins ./trt_plugins
 COPY models ./models
 COPY engine_builder ./engine_builder
 COPY server ./server
-# nvidia-riva-client is installed without its dependencies because it pins protobuf exactly and
-# websockets<16, neither of which it needs here.
+# The Riva gRPC stubs ship with tilevox (server/riva_proto/): no nvidia-riva-client needed.
 RUN pip install . \
-    && pip install --no-deps "nvidia-riva-client==2.28.0" \
     && python -c "import torch; assert torch.version.cuda, 'a CPU-only torch was installed'"
 
 COPY --from=kernels /out/libtilevox_kernels.so /opt/tilevox/lib/libtilevox_kernels.so

@@ -149,12 +149,29 @@ def _compile(nvcc: str, includes: list[Path], src: Path, obj: Path, verbose: boo
     print(f"compiled {src.relative_to(CSRC_DIR)}", flush=True)
 
 
+# An installed package's folder (site-packages) is often read-only for the user running the build.
+_READ_ONLY_HINT = (
+    f"write the library elsewhere: set TILEVOX_KERNELS_LIB=~/.cache/tilevox/{LIBRARY_NAME} (the build then "
+    "writes into that folder and the runtime loads the library from there), or pass --out DIR and set "
+    f"TILEVOX_KERNELS_LIB=DIR/{LIBRARY_NAME}"
+)
+
+
+def _check_writable(out_dir: Path) -> None:
+    try:
+        (out_dir / "obj").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BuildError(f"cannot create {out_dir / 'obj'}: {exc}; {_READ_ONLY_HINT}") from exc
+    if not os.access(out_dir / "obj", os.W_OK):
+        raise BuildError(f"{out_dir} is not writable; {_READ_ONLY_HINT}")
+
+
 def build(cfg: BuildConfig) -> Path | None:
     """Compile (and unless cfg.only, link). Returns the library path, or None for a compile-only run."""
+    _check_writable(Path(cfg.out_dir))
     nvcc = find_nvcc()
     includes = [*find_cutlass_include_dirs(), CSRC_DIR]
     sources = list_sources(cfg.only)
-    (Path(cfg.out_dir) / "obj").mkdir(parents=True, exist_ok=True)
     header_mtime = _newest_header_mtime()
     todo = []
     for src in sources:
@@ -178,7 +195,12 @@ def build(cfg: BuildConfig) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tilevox.trt_plugins.build", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR, help="output folder (default: %(default)s)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=default_library_path().parent,
+        help="output folder (default: the folder of $TILEVOX_KERNELS_LIB if set, else %(default)s)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="parallel nvcc processes, ~3.3 GB RAM each")
     parser.add_argument("--only", default=None, help="compile only translation units whose name contains this; no link")
     parser.add_argument("--verbose", action="store_true")

@@ -11,6 +11,8 @@ speaker-encoder config rewrite (Obstacle 2) and Mimi `upsample_groups` = hidden 
 from __future__ import annotations
 
 import json
+import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -52,10 +54,41 @@ GENERATION_CONFIG = {
 }
 
 
+_TORCHAUDIO_STAND_INS = ("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi")
+
+
+def _torchaudio_unavailable(name: str):
+    raise AttributeError(f"torchaudio is a stand-in in the tests (qwen-tts's 25 Hz tokenizer is not tested): {name}")
+
+
 def _import_qwen_tts():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import qwen_tts  # noqa: F401  (imports torchaudio/sox/onnxruntime; see docs §8.1)
+    """Import qwen_tts (once) with stand-ins for the torchaudio modules it imports.
+
+    `import qwen_tts` imports its 25 Hz tokenizer, which imports `torchaudio.compliance.kaldi`; the
+    12 Hz models tested here never call it, and no torchaudio on PyPI loads in torch 2.13 (the newest,
+    2.11.1, has C++ extensions built for torch 2.11). So torchaudio is not installed, and for the
+    import only, sys.modules holds empty stand-ins whose attributes raise; sys.modules is restored after.
+    """
+    if "qwen_tts" in sys.modules:
+        return sys.modules["qwen_tts"]
+    import transformers  # noqa: F401  (first: its import-time probe for torchaudio must not see the stand-ins)
+
+    stand_ins = {name: types.ModuleType(name) for name in _TORCHAUDIO_STAND_INS}
+    stand_ins["torchaudio.compliance.kaldi"].__getattr__ = _torchaudio_unavailable
+    stand_ins["torchaudio"].compliance = stand_ins["torchaudio.compliance"]
+    stand_ins["torchaudio.compliance"].kaldi = stand_ins["torchaudio.compliance.kaldi"]
+    saved = {name: sys.modules[name] for name in stand_ins if name in sys.modules}
+    sys.modules.update(stand_ins)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import qwen_tts  # (also imports sox and onnxruntime; see docs §8.1)
+    finally:
+        for name in stand_ins:
+            if name in saved:
+                sys.modules[name] = saved[name]
+            else:
+                sys.modules.pop(name, None)
     return qwen_tts
 
 

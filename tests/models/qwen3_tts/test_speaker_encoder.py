@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from oracle_checkpoints import _import_qwen_tts
 
 from tilevox.models.errors import CheckpointError
 from tilevox.models.qwen3_tts.speaker_encoder import (
@@ -32,6 +33,7 @@ TINY = {
 
 
 def _official():
+    _import_qwen_tts()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from qwen_tts.core.models import modeling_qwen3_tts as official
@@ -54,8 +56,8 @@ def _wav(num_samples, seed):
 def test_config_official_two_key_form():
     config = SpeakerEncoderConfig.from_dict({"enc_dim": 2048, "sample_rate": 24000})
     assert config.enc_dim == 2048 and config.enc_channels == (512, 512, 512, 512, 1536)
-    with pytest.raises(ValueError, match="unknown keys"):
-        SpeakerEncoderConfig.from_dict({"enc_dim": 1024, "model_type": "x"})
+    # unknown keys are accepted and logged (tests/models/test_checkpoint_loader_defects.py)
+    assert SpeakerEncoderConfig.from_dict({"enc_dim": 1024, "model_type": "x"}).enc_dim == 1024
     with pytest.raises(ValueError, match="sum of the SE-Res2Net"):
         SpeakerEncoderConfig(enc_channels=(16, 16, 16, 16, 40))
     with pytest.raises(ValueError, match="sample_rate"):

@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from oracle_checkpoints import _import_qwen_tts
 
 from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS, randomize_
 
@@ -19,7 +20,7 @@ from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS, randomize_
 def import_official_tokenizer():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import qwen_tts  # noqa: F401  (imports torchaudio/sox/onnxruntime at import time; docs §8.1)
+        _import_qwen_tts()  # torchaudio stand-ins; see oracle_checkpoints.py
         from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
         from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
     return Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
