@@ -30,8 +30,12 @@ def free_port() -> int:
 def commit() -> str:
     """The checkout's short commit, with `-dirty` when it has uncommitted changes."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -42,7 +46,14 @@ def device_name(device: str) -> str:
         import torch
 
         return torch.cuda.get_device_name(0)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     return f"{cpu} ({os.cpu_count()} cores)"
 
 
@@ -54,10 +65,23 @@ class ServerProcess:
     """`tilevox serve` on free loopback ports, ready (GET /ready is 200) when the `with` block starts,
     drained with SIGTERM when it ends. Its log goes to a file (a pipe would fill and block it)."""
 
-    def __init__(self, serve_args: list[str], *, log_path: Path, start_timeout_s: float = 600.0, env: dict | None = None):
+    def __init__(
+        self, serve_args: list[str], *, log_path: Path, start_timeout_s: float = 600.0, env: dict | None = None
+    ):
         self.http_port, self.grpc_port = free_port(), free_port()
-        self.cmd = [sys.executable, "-m", "tilevox.server.cli", "serve", "--host", "127.0.0.1",
-                    "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *serve_args]
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "tilevox.server.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(self.http_port),
+            "--grpc-port",
+            str(self.grpc_port),
+            *serve_args,
+        ]
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
         self.env = env
@@ -74,8 +98,14 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         log_file = open(self.log_path, "w")  # noqa: SIM115 - owned by the process, closed in __exit__
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, **(self.env or {})})
+        self.proc = subprocess.Popen(
+            self.cmd,
+            cwd=REPO,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(self.env or {})},
+        )
         self._log_file = log_file
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:

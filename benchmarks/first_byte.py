@@ -31,8 +31,12 @@ from riva.client.proto import riva_audio_pb2, riva_tts_pb2, riva_tts_pb2_grpc
 from benchmarks.common import RESULTS, ServerProcess, commit, device_name, utc_now
 
 HTTP_FORMATS = ("pcm", "wav", "mp3", "opus", "aac", "flac", "mulaw")
-GRPC_ENCODINGS = {"pcm": riva_audio_pb2.LINEAR_PCM, "opus": riva_audio_pb2.OGGOPUS, "flac": riva_audio_pb2.FLAC,
-                  "mulaw": riva_audio_pb2.MULAW}
+GRPC_ENCODINGS = {
+    "pcm": riva_audio_pb2.LINEAR_PCM,
+    "opus": riva_audio_pb2.OGGOPUS,
+    "flac": riva_audio_pb2.FLAC,
+    "mulaw": riva_audio_pb2.MULAW,
+}
 TEXT = "The first words of a sentence should be heard at once."
 RAW = ("pcm", "wav", "mulaw")
 
@@ -60,7 +64,9 @@ class Probe:
         if self.fmt in RAW:
             return len(self.buffer) > (44 if self.fmt == "wav" else 0)
         try:
-            with av.open(io.BytesIO(bytes(self.buffer)), format={"opus": "ogg", "aac": "aac"}.get(self.fmt, self.fmt)) as c:
+            with av.open(
+                io.BytesIO(bytes(self.buffer)), format={"opus": "ogg", "aac": "aac"}.get(self.fmt, self.fmt)
+            ) as c:
                 return any(frame.samples for frame in c.decode(audio=0))
         except (av.error.FFmpegError, EOFError, ValueError):  # not enough bytes yet for the demuxer/decoder
             return False
@@ -104,9 +110,13 @@ async def _ws(base: str, fmt: str) -> Probe:
 async def _grpc(target: str, fmt: str) -> Probe:
     async with grpc.aio.insecure_channel(target) as channel:
         stub = riva_tts_pb2_grpc.RivaSpeechSynthesisStub(channel)
-        request = riva_tts_pb2.SynthesizeSpeechRequest(text=TEXT, language_code="en-US", encoding=GRPC_ENCODINGS[fmt],
-                                                      sample_rate_hz=8000 if fmt == "mulaw" else 0,
-                                                      custom_configuration={"seed": "1", "max_duration_s": "1.0"})
+        request = riva_tts_pb2.SynthesizeSpeechRequest(
+            text=TEXT,
+            language_code="en-US",
+            encoding=GRPC_ENCODINGS[fmt],
+            sample_rate_hz=8000 if fmt == "mulaw" else 0,
+            custom_configuration={"seed": "1", "max_duration_s": "1.0"},
+        )
         probe = Probe(fmt, time.perf_counter())
         async for response in stub.SynthesizeOnline(iter([request])):
             probe.feed(response.audio)
@@ -135,13 +145,22 @@ async def _measure(server: ServerProcess, repeats: int) -> list[dict]:
                 probe = await _grpc(server.grpc_target, fmt)
             if round_index:
                 probes[case].append(probe)
-    rows = [{"surface": surface, "format": fmt, "first_byte_ms": _median([p.first_byte_ms for p in got]),
-             "first_decodable_ms": _median([p.first_decodable_ms for p in got])}
-            for (surface, fmt, _), got in probes.items()]
+    rows = [
+        {
+            "surface": surface,
+            "format": fmt,
+            "first_byte_ms": _median([p.first_byte_ms for p in got]),
+            "first_decodable_ms": _median([p.first_decodable_ms for p in got]),
+        }
+        for (surface, fmt, _), got in probes.items()
+    ]
     for row in rows:  # the codec's cost: the gap to raw pcm on the same surface
         pcm = next(r for r in rows if r["surface"] == row["surface"] and r["format"] == "pcm")
-        row["decodable_after_pcm_ms"] = (round(row["first_decodable_ms"] - pcm["first_decodable_ms"], 1)
-                                         if row["first_decodable_ms"] is not None and pcm["first_decodable_ms"] is not None else None)
+        row["decodable_after_pcm_ms"] = (
+            round(row["first_decodable_ms"] - pcm["first_decodable_ms"], 1)
+            if row["first_decodable_ms"] is not None and pcm["first_decodable_ms"] is not None
+            else None
+        )
     return rows
 
 
@@ -152,18 +171,37 @@ def main() -> int:
     parser.add_argument("--server-log", type=Path, default=Path("/tmp/tilevox_first_byte_server.log"))
     parser.add_argument("--out", type=Path, default=RESULTS / "first_byte_cpu.json")
     args = parser.parse_args()
-    with ServerProcess(["--model", args.model, "--device", "cpu"], log_path=args.server_log, start_timeout_s=300) as server:
+    with ServerProcess(
+        ["--model", args.model, "--device", "cpu"], log_path=args.server_log, start_timeout_s=300
+    ) as server:
         rows = asyncio.run(_measure(server, args.repeats))
-    report = {"benchmark": "first_byte", "date": utc_now(), "commit": commit(), "device": device_name("cpu"),
-              "model": args.model, "repeats": args.repeats, "text": TEXT, "rows": rows,
-              "definition": "client clock from request sent; first_decodable = first time the received bytes decode to audio"}
+    report = {
+        "benchmark": "first_byte",
+        "date": utc_now(),
+        "commit": commit(),
+        "device": device_name("cpu"),
+        "model": args.model,
+        "repeats": args.repeats,
+        "text": TEXT,
+        "rows": rows,
+        "definition": "client clock from request sent; first_decodable = first time the received bytes decode to audio",
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    table = ["| surface | format | first byte ms | first decodable ms | decodable after pcm ms |", "|---|---|---|---|---|"]
-    table += [f"| {r['surface']} | {r['format']} | {r['first_byte_ms']} | {r['first_decodable_ms']} | {r['decodable_after_pcm_ms']} |" for r in rows]
-    md = (f"# Time to first audio byte and first decodable audio ({report['device']}, {report['date']}, commit {report['commit']})\n\n"
-          f"Model {args.model}, medians of {args.repeats} sequential requests on loopback; see benchmarks/first_byte.py.\n\n"
-          + "\n".join(table) + "\n")
+    table = [
+        "| surface | format | first byte ms | first decodable ms | decodable after pcm ms |",
+        "|---|---|---|---|---|",
+    ]
+    table += [
+        f"| {r['surface']} | {r['format']} | {r['first_byte_ms']} | {r['first_decodable_ms']} | {r['decodable_after_pcm_ms']} |"
+        for r in rows
+    ]
+    md = (
+        f"# Time to first audio byte and first decodable audio ({report['device']}, {report['date']}, commit {report['commit']})\n\n"
+        f"Model {args.model}, medians of {args.repeats} sequential requests on loopback; see benchmarks/first_byte.py.\n\n"
+        + "\n".join(table)
+        + "\n"
+    )
     args.out.with_suffix(".md").write_text(md)
     print(md)
     return 0

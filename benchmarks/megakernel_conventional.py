@@ -103,8 +103,9 @@ class ConventionalLlamaStep:
 
     def logits(self) -> torch.Tensor:
         """(B, vocab) logits at the current tokens and positions; writes this step's K/V, advances nothing."""
-        hidden = self.model.forward(self.tokens[:, None], self.cache, self.slots, self.positions[:, None],
-                                    self.num_keys)  # fmt: skip
+        hidden = self.model.forward(
+            self.tokens[:, None], self.cache, self.slots, self.positions[:, None], self.num_keys
+        )
         return self.model.lm_head(hidden[:, 0])
 
     def __call__(self) -> None:
@@ -161,9 +162,11 @@ class ConventionalQwenFrame:
 
     def __call__(self) -> None:
         rest = self.predictor.predict(
-            self.hidden, self.talker.embed_codec(self.code0), lambda head, logits: logits.argmax(-1),
+            self.hidden,
+            self.talker.embed_codec(self.code0),
+            lambda head, logits: logits.argmax(-1),
             self.predictor_cache,
-        )  # (B, Q-1)  # fmt: skip
+        )  # (B, Q-1)
         frames = torch.cat((self.code0[:, None], rest), dim=1)  # (B, Q)
         inputs = self.talker.embed_frame(frames) + self.text_row  # (B, H)
         hidden, logits = self.talker.forward_tokens(inputs[:, None], self.view)
@@ -173,8 +176,17 @@ class ConventionalQwenFrame:
 
     def mark_static(self) -> None:
         """See ConventionalLlamaStep.mark_static."""
-        for tensor in (self.cache.keys, self.cache.values, self.predictor_cache.keys, self.predictor_cache.values,
-                       self.hidden, self.text_row, self.code0, self.start, self.codes):  # fmt: skip
+        for tensor in (
+            self.cache.keys,
+            self.cache.values,
+            self.predictor_cache.keys,
+            self.predictor_cache.values,
+            self.hidden,
+            self.text_row,
+            self.code0,
+            self.start,
+            self.codes,
+        ):
             torch._dynamo.mark_static_address(tensor)
 
 
@@ -192,8 +204,12 @@ def llama_step_bytes(config: LlamaConfig, keys_per_row: Sequence[int], element_s
     weights = config.num_hidden_layers * per_layer + h * element_size + _nbytes((config.vocab_size, h), element_size)
     embed_rows = len(keys_per_row) * h * element_size
     kv = sum(keys_per_row) * config.num_hidden_layers * 2 * kv_rows * element_size
-    return {"weight_bytes": weights, "embedding_row_bytes": embed_rows, "kv_bytes": kv,
-            "total_bytes": weights + embed_rows + kv}  # fmt: skip
+    return {
+        "weight_bytes": weights,
+        "embedding_row_bytes": embed_rows,
+        "kv_bytes": kv,
+        "total_bytes": weights + embed_rows + kv,
+    }
 
 
 def qwen_frame_bytes(talker: Talker, *, batch: int, context: int, element_size: int) -> dict[str, int]:
@@ -213,7 +229,9 @@ def qwen_frame_bytes(talker: Talker, *, batch: int, context: int, element_size: 
     talker_weights += talker.codec_head.weight.numel() * element_size
     pred_pass, pred_kv_per_key = stack_bytes(pc)
     num_heads = talker.config.num_code_groups - 1
-    pred_weights = num_heads * pred_pass + sum(head.weight.numel() for head in talker.code_predictor.lm_head) * element_size
+    pred_weights = (
+        num_heads * pred_pass + sum(head.weight.numel() for head in talker.code_predictor.lm_head) * element_size
+    )
     proj = talker.code_predictor.small_to_mtp_projection
     if proj is not None:
         pred_weights += num_heads * (proj.weight.numel() + proj.bias.numel()) * element_size
@@ -222,5 +240,11 @@ def qwen_frame_bytes(talker: Talker, *, batch: int, context: int, element_size: 
     kv = batch * ((context + 1) * talker_kv_per_key + pred_keys * pred_kv_per_key)
     embed_rows = batch * 2 * talker.config.num_code_groups * tc.hidden_size * element_size
     weights = talker_weights + pred_weights
-    return {"weight_bytes": weights, "talker_weight_bytes": talker_weights, "predictor_weight_bytes": pred_weights,
-            "embedding_row_bytes": embed_rows, "kv_bytes": kv, "total_bytes": weights + embed_rows + kv}  # fmt: skip
+    return {
+        "weight_bytes": weights,
+        "talker_weight_bytes": talker_weights,
+        "predictor_weight_bytes": pred_weights,
+        "embedding_row_bytes": embed_rows,
+        "kv_bytes": kv,
+        "total_bytes": weights + embed_rows + kv,
+    }

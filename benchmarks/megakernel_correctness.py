@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-
 from benchmarks.megakernel_conventional import LLAMA_VARIANTS, fp32_twin, o1_random_llama
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
 from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
@@ -45,8 +44,18 @@ DEFAULT_RTOL = 0.03
 # Llama-3.2-1B at context 300 had the bf16 PyTorch step 0.195 off at max|ref| ~4.7, above atol + rtol.
 DEFAULT_BF16_FACTOR = 1.25
 # Per-step statistics, in this order (one device row per step; one host sync per cell).
-_STEP_FIELDS = ("max_abs_diff", "ref_scale", "bound", "mismatches", "near_ties", "hard_mismatches",
-                "self_argmax_violations", "max_mismatch_gap", "bf16_max_abs_diff", "bf16_mismatches")  # fmt: skip
+_STEP_FIELDS = (
+    "max_abs_diff",
+    "ref_scale",
+    "bound",
+    "mismatches",
+    "near_ties",
+    "hard_mismatches",
+    "self_argmax_violations",
+    "max_mismatch_gap",
+    "bf16_max_abs_diff",
+    "bf16_mismatches",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,8 +71,9 @@ class Tolerance:
 
     def __post_init__(self) -> None:
         if self.atol < 0 or self.rtol < 0 or self.bf16_factor < 0:
-            raise ValueError(f"atol, rtol and bf16_factor must be >= 0, got {self.atol}, {self.rtol}, "
-                             f"{self.bf16_factor}")
+            raise ValueError(
+                f"atol, rtol and bf16_factor must be >= 0, got {self.atol}, {self.rtol}, {self.bf16_factor}"
+            )
 
 
 class Launcher:
@@ -129,8 +139,10 @@ def _bind_step(region, cache: LlamaKVCache, slots: list[int], device: torch.devi
     for slot in slots:
         cache.lengths[slot] = 0
     tokens = torch.zeros(len(slots), dtype=torch.int64)
-    bound = {**llama_decode_inputs(region, cache, slots, tokens),
-             **sampling_inputs([SamplingParams.greedy()] * len(slots), seeds=list(range(len(slots))))}  # fmt: skip
+    bound = {
+        **llama_decode_inputs(region, cache, slots, tokens),
+        **sampling_inputs([SamplingParams.greedy()] * len(slots), seeds=list(range(len(slots)))),
+    }
     names = {spec.name for spec in region.program.buffers}
     return {name: t if t.device == device else t.to(device) for name, t in bound.items() if name in names}
 
@@ -146,13 +158,27 @@ def _setup_batch(model, ref_model, args, batch: int, max_context: int, gen: torc
         if cache is not None:
             for _ in range(num_slots):
                 cache.allocate()
-    compile_kw = {"batch_size": batch, "max_context": max_context, "num_cache_slots": num_slots,
-                  "cache_len": max_context, "tiling": TILING, "num_sms": args.num_sms}  # fmt: skip
+    compile_kw = {
+        "batch_size": batch,
+        "max_context": max_context,
+        "num_cache_slots": num_slots,
+        "cache_len": max_context,
+        "tiling": TILING,
+        "num_sms": args.num_sms,
+    }
     region = compile_region(model, RegionSpec.full_step(1), **compile_kw)
     launcher = Launcher(region.program, _bind_step(region, mk_cache, slots, device), args.executor)
     slots_t = torch.tensor(slots, dtype=torch.int64, device=device)
-    return _Batch(batch=batch, slots=slots, slots_t=slots_t, mk_cache=mk_cache, ref_cache=ref_cache,
-                  base_cache=base_cache, compile_kw=compile_kw, launcher=launcher)  # fmt: skip
+    return _Batch(
+        batch=batch,
+        slots=slots,
+        slots_t=slots_t,
+        mk_cache=mk_cache,
+        ref_cache=ref_cache,
+        base_cache=base_cache,
+        compile_kw=compile_kw,
+        launcher=launcher,
+    )
 
 
 def _fill_caches(b: _Batch, gen: torch.Generator) -> None:
@@ -195,8 +221,18 @@ def _step_stats(mk_logits, mk_tokens, ref, base, tol: Tolerance) -> torch.Tensor
     else:
         base_diff = (base - ref).abs().amax()
         base_mismatch = (base.argmax(-1) != ref_arg).sum()
-    values = (diff, scale, bound, mismatch.sum(), near.sum(), hard.sum(), (own | ~in_range).sum(), max_gap,
-              base_diff, base_mismatch)  # fmt: skip
+    values = (
+        diff,
+        scale,
+        bound,
+        mismatch.sum(),
+        near.sum(),
+        hard.sum(),
+        (own | ~in_range).sum(),
+        max_gap,
+        base_diff,
+        base_mismatch,
+    )
     return torch.stack([torch.as_tensor(v, device=ref.device).float() for v in values])
 
 
@@ -307,10 +343,15 @@ def _check_split(model, b: _Batch, context: int, steps: int, args, gen: torch.Ge
         launcher.check_error()
     caches_equal = torch.equal(split_cache.k, b.mk_cache.k) and torch.equal(split_cache.v, b.mk_cache.v)
     return {
-        "batch": b.batch, "context": context, "steps": steps, "split_at_layer": mid,
-        "bitwise_equal_steps": equal_steps, "max_abs_logit_diff": max_logit_diff, "caches_bitwise_equal": caches_equal,
+        "batch": b.batch,
+        "context": context,
+        "steps": steps,
+        "split_at_layer": mid,
+        "bitwise_equal_steps": equal_steps,
+        "max_abs_logit_diff": max_logit_diff,
+        "caches_bitwise_equal": caches_equal,
         "passed": equal_steps == steps and caches_equal,
-    }  # fmt: skip
+    }
 
 
 def _check_graph(model, b: _Batch, context: int, steps: int, gen: torch.Generator) -> dict:
@@ -357,10 +398,18 @@ def _check_graph(model, b: _Batch, context: int, steps: int, gen: torch.Generato
     restore()
     replayed = record(graph.replay)
     launcher.check_error()
-    equal_steps = sum(int(torch.equal(e[0], r[0]) and torch.equal(e[1], r[1])) for e, r in zip(eager, replayed, strict=True))
+    equal_steps = sum(
+        int(torch.equal(e[0], r[0]) and torch.equal(e[1], r[1])) for e, r in zip(eager, replayed, strict=True)
+    )
     caches_equal = torch.equal(eager_cache[0], b.mk_cache.k) and torch.equal(eager_cache[1], b.mk_cache.v)
-    return {"batch": b.batch, "context": context, "steps": steps, "bitwise_equal_steps": equal_steps,
-            "caches_bitwise_equal": caches_equal, "passed": equal_steps == steps and caches_equal}  # fmt: skip
+    return {
+        "batch": b.batch,
+        "context": context,
+        "steps": steps,
+        "bitwise_equal_steps": equal_steps,
+        "caches_bitwise_equal": caches_equal,
+        "passed": equal_steps == steps and caches_equal,
+    }
 
 
 def _error_entry(exc: BaseException, **where) -> dict:
@@ -399,9 +448,12 @@ def run(args: argparse.Namespace, save: Callable[[dict], None] | None = None) ->
         "kv_fill": "keys and values N(0, 1) (bf16 values) at every cached position; row r of a cell "
         "starts at max(1, context - r % 3) cached positions, in a permuted cache slot",
         "teacher_forcing": "every step, both paths get the reference's argmax token",
-        "tolerance": {**asdict(tol), "rule": "per step: max|mk - ref| <= max(atol + rtol * max|ref|, bf16_factor * "
-                      "max|bf16 PyTorch - ref|) over the batch; "
-                      "a token != ref argmax is a near-tie if ref[argmax] - ref[token] <= that bound, else a failure"},
+        "tolerance": {
+            **asdict(tol),
+            "rule": "per step: max|mk - ref| <= max(atol + rtol * max|ref|, bf16_factor * "
+            "max|bf16 PyTorch - ref|) over the batch; "
+            "a token != ref argmax is a near-tie if ref[argmax] - ref[token] <= that bound, else a failure",
+        },
         "tiling": asdict(TILING),
         "num_sms": args.num_sms,
         "max_context": max_context,
@@ -447,12 +499,19 @@ def run(args: argparse.Namespace, save: Callable[[dict], None] | None = None) ->
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if report["cuda_graph_replay"] is None:
-        report["cuda_graph_replay"] = {"passed": None, "skipped": "CUDA-graph replay needs --executor cuda"
-                                       if args.executor != "cuda" else f"--check-batch {args.check_batch} is not in --batches"}  # fmt: skip
+        report["cuda_graph_replay"] = {
+            "passed": None,
+            "skipped": "CUDA-graph replay needs --executor cuda"
+            if args.executor != "cuda"
+            else f"--check-batch {args.check_batch} is not in --batches",
+        }
     if report["split_regions"] is None:
         report["split_regions"] = {"passed": None, "skipped": f"--check-batch {args.check_batch} is not in --batches"}
-    report["passed"] = (all(c["passed"] for c in report["cells"]) and report["split_regions"]["passed"] is not False
-                        and report["cuda_graph_replay"]["passed"] is not False)  # fmt: skip
+    report["passed"] = (
+        all(c["passed"] for c in report["cells"])
+        and report["split_regions"]["passed"] is not False
+        and report["cuda_graph_replay"]["passed"] is not False
+    )
     report["complete"] = True
     progress()
     return report
@@ -463,19 +522,25 @@ def _row(c: dict) -> str:
         return f"{c['batch']:5d} {c['context']:7d} ERROR {c['error']}"
     base = c.get("bf16_conventional")
     base_text = f"{base['max_abs_logit_diff']:9.4f} {base['argmax_mismatches']:5d}" if base else f"{'-':>9} {'-':>5}"
-    return (f"{c['batch']:5d} {c['context']:7d} {c['max_abs_logit_diff']:9.4f} {c['worst_diff_over_bound']:6.2f} "
-            f"{c['mismatches']:5d} {c['near_ties']:5d} {c['hard_mismatches']:5d} {c['self_argmax_violations']:5d} "
-            f"{base_text} {c['megakernel_s_per_step'] * 1e3:8.2f} {'PASS' if c['passed'] else 'FAIL'}")  # fmt: skip
+    return (
+        f"{c['batch']:5d} {c['context']:7d} {c['max_abs_logit_diff']:9.4f} {c['worst_diff_over_bound']:6.2f} "
+        f"{c['mismatches']:5d} {c['near_ties']:5d} {c['hard_mismatches']:5d} {c['self_argmax_violations']:5d} "
+        f"{base_text} {c['megakernel_s_per_step'] * 1e3:8.2f} {'PASS' if c['passed'] else 'FAIL'}"
+    )
 
 
-HEADER = (f"{'batch':>5} {'context':>7} {'max|d|':>9} {'d/tol':>6} {'mism':>5} {'ties':>5} {'hard':>5} "
-          f"{'self':>5} {'bf16|d|':>9} {'bf16m':>5} {'mk ms':>8} result")  # fmt: skip
+HEADER = (
+    f"{'batch':>5} {'context':>7} {'max|d|':>9} {'d/tol':>6} {'mism':>5} {'ties':>5} {'hard':>5} "
+    f"{'self':>5} {'bf16|d|':>9} {'bf16m':>5} {'mk ms':>8} result"
+)
 
 
 def format_table(report: dict) -> str:
     t = report["tolerance"]
-    title = (f"megakernel vs fp32 reference: {report['variant']} on {report['device']} ({report['executor']}), "
-             f"atol {t['atol']} rtol {t['rtol']}")  # fmt: skip
+    title = (
+        f"megakernel vs fp32 reference: {report['variant']} on {report['device']} ({report['executor']}), "
+        f"atol {t['atol']} rtol {t['rtol']}"
+    )
     lines = [title, HEADER] + [_row(c) for c in report["cells"]]
     for name in ("split_regions", "cuda_graph_replay"):
         lines.append(f"{name}: {json.dumps(report[name])}")
@@ -494,20 +559,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variant", default="llasa-1b", choices=sorted(LLAMA_VARIANTS))
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--executor", default="cuda", choices=["cuda", "vm"])
-    parser.add_argument("--quick", action="store_true",
-                        help=f"batches {QUICK_BATCHES}, contexts {QUICK_CONTEXTS}, 16 steps (unless given)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"batches {QUICK_BATCHES}, contexts {QUICK_CONTEXTS}, 16 steps (unless given)",
+    )
     parser.add_argument("--batches", type=_ints, default=None, help=f"default {FULL_BATCHES}")
     parser.add_argument("--contexts", type=_ints, default=None, help=f"default {FULL_CONTEXTS}")
     parser.add_argument("--steps", type=int, default=None, help="greedy steps per cell (default 64)")
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL)
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL)
-    parser.add_argument("--bf16-factor", type=float, default=DEFAULT_BF16_FACTOR,
-                        help="also accept errors up to this multiple of the bf16 PyTorch step's (0: off)")
+    parser.add_argument(
+        "--bf16-factor",
+        type=float,
+        default=DEFAULT_BF16_FACTOR,
+        help="also accept errors up to this multiple of the bf16 PyTorch step's (0: off)",
+    )
     parser.add_argument("--check-batch", type=int, default=7, help="batch of the split-region and graph checks")
     parser.add_argument("--check-context", type=int, default=100)
     parser.add_argument("--check-steps", type=int, default=8)
-    parser.add_argument("--no-bf16-baseline", action="store_true",
-                        help="skip the conventional bf16 step's error (reported for scale)")
+    parser.add_argument(
+        "--no-bf16-baseline", action="store_true", help="skip the conventional bf16 step's error (reported for scale)"
+    )
     parser.add_argument("--num-sms", type=int, default=None, help="queues (default: the GPU's SMs; 8 on CPU)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -525,7 +598,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.executor == "cuda" and args.device.type != "cuda":
         parser.error("--executor cuda needs --device cuda")
     if args.num_sms is None:
-        args.num_sms = torch.cuda.get_device_properties(args.device).multi_processor_count if args.device.type == "cuda" else 8
+        args.num_sms = (
+            torch.cuda.get_device_properties(args.device).multi_processor_count if args.device.type == "cuda" else 8
+        )
     return args
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 
-
 from benchmarks.megakernel_conventional import (
     LLAMA_VARIANTS,
     ConventionalLlamaStep,
@@ -50,8 +49,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_ms(fn: Callable[[], object], *, iters: int, warmup: int, device: torch.device,
-              before: Callable[[], object] | None = None) -> float:  # fmt: skip
+def median_ms(
+    fn: Callable[[], object],
+    *,
+    iters: int,
+    warmup: int,
+    device: torch.device,
+    before: Callable[[], object] | None = None,
+) -> float:
     """Median over `iters` runs of `fn`: CUDA events on a GPU, wall clock (after a sync) on CPU.
     `before` runs ahead of each run, outside the timed span (e.g. resetting positions)."""
     for _ in range(warmup):
@@ -84,8 +89,9 @@ def copy_bandwidth_gbs(device: torch.device, *, iters: int) -> float:
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
-def capture(fn: Callable[[], object], device: torch.device,
-            before: Callable[[], object] | None = None) -> Callable[[], object]:  # fmt: skip
+def capture(
+    fn: Callable[[], object], device: torch.device, before: Callable[[], object] | None = None
+) -> Callable[[], object]:
     """Capture `fn` in a CUDA graph after warm-up runs on a side stream; returns the replay. `before`
     runs ahead of each warm-up run and of the capture, outside the graph."""
     stream = torch.cuda.Stream(device)
@@ -117,8 +123,9 @@ class Timer:
 
     def time(self, fn: Callable[[], object], before: Callable[[], object] | None = None) -> dict:
         try:
-            return {"ms": median_ms(fn, iters=self.args.iters, warmup=self.args.warmup, device=self.device,
-                                    before=before)}  # fmt: skip
+            return {
+                "ms": median_ms(fn, iters=self.args.iters, warmup=self.args.warmup, device=self.device, before=before)
+            }
         except Exception as exc:  # noqa: BLE001 - reported in the row and the table; the other variants still run
             _sync_quietly(self.device)
             return {"error": _error(exc)}
@@ -133,8 +140,13 @@ class Timer:
             return {"error": f"capture failed: {_error(exc)}"}
         return self.time(replay, before)
 
-    def compiled(self, fn: Callable[[], None], mark_static: Callable[[], None], batch: int,
-                 before: Callable[[], object] | None = None) -> dict:  # fmt: skip
+    def compiled(
+        self,
+        fn: Callable[[], None],
+        mark_static: Callable[[], None],
+        batch: int,
+        before: Callable[[], object] | None = None,
+    ) -> dict:
         """torch.compile(fn, mode="reduce-overhead", fullgraph=True): wall-clock of the first call (the
         compile), then the timing; Dynamo/Inductor counters show whether CUDA graphs were skipped."""
         args = self.args
@@ -162,8 +174,9 @@ class Timer:
             result["graph_breaks"] = sum(counters["graph_break"].values())
         return result
 
-    def _compiled(self, fn: Callable[[], None], mark_static: Callable[[], None],
-                  before: Callable[[], object] | None) -> dict:  # fmt: skip
+    def _compiled(
+        self, fn: Callable[[], None], mark_static: Callable[[], None], before: Callable[[], object] | None
+    ) -> dict:
         args = self.args
         mark_static()
         mode = "reduce-overhead" if args.compile_backend == "inductor" else None
@@ -218,8 +231,13 @@ def _finish_row(row: dict, copy_gbs: float) -> dict:
     total = row["bytes"]["total_bytes"]
     mk = _ms(row["megakernel_graph"]) or _ms(row["megakernel_eager"])
     row["floor_ms_at_4p8_tbs"] = total / FLOOR_BANDWIDTH_BYTES_S * 1e3
-    for name in ("megakernel_eager", "megakernel_graph", "conventional_eager", "conventional_graph",
-                 "conventional_compiled"):  # fmt: skip
+    for name in (
+        "megakernel_eager",
+        "megakernel_graph",
+        "conventional_eager",
+        "conventional_graph",
+        "conventional_compiled",
+    ):
         ms = _ms(row[name])
         if ms is not None:
             row[name]["gbs"] = total / (ms * 1e-3) / 1e9
@@ -248,8 +266,14 @@ def _kernel_error(run: Callable[[], object], device: torch.device) -> str | None
     return None
 
 
-def _time_megakernel(row: dict, launch: Callable[[], object], check_error: Callable[[], None],
-                     first_error: str | None, timer: Timer, args) -> None:  # fmt: skip
+def _time_megakernel(
+    row: dict,
+    launch: Callable[[], object],
+    check_error: Callable[[], None],
+    first_error: str | None,
+    timer: Timer,
+    args,
+) -> None:
     """Eager and CUDA-graph timings of a megakernel launch; an error at the first launch or in any
     timed launch (checked once afterwards) replaces the timings with the error."""
     if first_error is not None:
@@ -284,8 +308,16 @@ def bench_llama(variant: str, batch: int, args, timer: Timer, model, copy_gbs: f
     cache.k.normal_(generator=gen)
     cache.v.normal_(generator=gen)
     cache.lengths = [context] * batch
-    region = compile_region(model, RegionSpec.full_step(1), batch_size=batch, max_context=max_context,
-                            num_cache_slots=batch, cache_len=max_context, tiling=TILING, num_sms=args.num_sms)  # fmt: skip
+    region = compile_region(
+        model,
+        RegionSpec.full_step(1),
+        batch_size=batch,
+        max_context=max_context,
+        num_cache_slots=batch,
+        cache_len=max_context,
+        tiling=TILING,
+        num_sms=args.num_sms,
+    )
     tokens = torch.randint(0, model.config.vocab_size, (batch,), generator=gen, device=device)
     bound = {**llama_decode_inputs(region, cache, slots, tokens), **_greedy(batch, device)}
     mk = Launcher(region.program, {n: t.to(device) for n, t in bound.items()}, args.executor)
@@ -296,15 +328,24 @@ def bench_llama(variant: str, batch: int, args, timer: Timer, model, copy_gbs: f
     first_error = _kernel_error(lambda: (mk.launch(), mk.check_error()), device)
     if first_error is None:
         mk_logits = mk.tensors["s0.logits"].float()
-        agreement = {"max_abs_logit_diff": float((mk_logits - conv_logits).abs().max()),
-                     "max_abs_logit": float(conv_logits.abs().max()),
-                     "greedy_token_agreement": float((mk.tensors["s0.tokens"] == conv_logits.argmax(-1)).float().mean())}  # fmt: skip
+        agreement = {
+            "max_abs_logit_diff": float((mk_logits - conv_logits).abs().max()),
+            "max_abs_logit": float(conv_logits.abs().max()),
+            "greedy_token_agreement": float((mk.tensors["s0.tokens"] == conv_logits.argmax(-1)).float().mean()),
+        }
     else:
         agreement = {"error": first_error}
-    row = {"model": "llama", "variant": variant, "batch": batch, "context": context, "max_context": max_context,
-           "instructions": len(region.program.instructions), "predicted_ms": region.predicted_time_s * 1e3,
-           "bytes": llama_step_bytes(model.config, [context + 1] * batch, model.dtype.itemsize),
-           "agreement_one_step": agreement}  # fmt: skip
+    row = {
+        "model": "llama",
+        "variant": variant,
+        "batch": batch,
+        "context": context,
+        "max_context": max_context,
+        "instructions": len(region.program.instructions),
+        "predicted_ms": region.predicted_time_s * 1e3,
+        "bytes": llama_step_bytes(model.config, [context + 1] * batch, model.dtype.itemsize),
+        "agreement_one_step": agreement,
+    }
     print(f"  {variant} batch {batch}: megakernel", flush=True)
     _time_megakernel(row, mk.launch, mk.check_error, first_error, timer, args)
     print(f"  {variant} batch {batch}: conventional", flush=True)
@@ -322,18 +363,37 @@ class MegakernelQwenFrame:
     head + greedy sampling; its `x_normed` output is the predictor's next `hidden`, its token the next
     codebook 0), and the codebook-0 embedding for the next frame. Capturable in one CUDA graph."""
 
-    def __init__(self, talker: Talker, frame: ConventionalQwenFrame, *, batch: int, context: int, cache_len: int,
-                 args: argparse.Namespace) -> None:  # fmt: skip
+    def __init__(
+        self,
+        talker: Talker,
+        frame: ConventionalQwenFrame,
+        *,
+        batch: int,
+        context: int,
+        cache_len: int,
+        args: argparse.Namespace,
+    ) -> None:
         device = frame.hidden.device
         num_layers = talker.config.transformer.num_layers
         self.talker = talker
         self.num_codes = talker.config.num_code_groups
         self.talker_region = compile_region(
-            talker, RegionSpec.layers(0, num_layers, lm_head=True), batch_size=batch, max_context=cache_len,
-            num_cache_slots=batch, cache_len=cache_len, tiling=TILING, num_sms=args.num_sms,
-        )  # fmt: skip
-        self.predictor_region = compile_region(talker.code_predictor, RegionSpec.code_predictor_loop(),
-                                               batch_size=batch, tiling=TILING, num_sms=args.num_sms)  # fmt: skip
+            talker,
+            RegionSpec.layers(0, num_layers, lm_head=True),
+            batch_size=batch,
+            max_context=cache_len,
+            num_cache_slots=batch,
+            cache_len=cache_len,
+            tiling=TILING,
+            num_sms=args.num_sms,
+        )
+        self.predictor_region = compile_region(
+            talker.code_predictor,
+            RegionSpec.code_predictor_loop(),
+            batch_size=batch,
+            tiling=TILING,
+            num_sms=args.num_sms,
+        )
         self.hidden = frame.hidden.clone()
         self.code0 = frame.code0.clone()
         self.text_row = frame.text_row
@@ -341,16 +401,22 @@ class MegakernelQwenFrame:
         self.x_in = torch.empty_like(self.hidden)
         self.frame_codes = torch.zeros(batch, self.num_codes, dtype=torch.int64, device=device)  # (B, Q)
         talker_bound = {
-            **self.talker_region.weights, "x_in": self.x_in, "x_normed": self.hidden, "s0.tokens": self.code0,
+            **self.talker_region.weights,
+            "x_in": self.x_in,
+            "x_normed": self.hidden,
+            "s0.tokens": self.code0,
             "positions": torch.full((batch,), context, dtype=torch.int64, device=device),
-            "slots": torch.arange(batch, device=device), "k_cache": frame.cache.keys, "v_cache": frame.cache.values,
+            "slots": torch.arange(batch, device=device),
+            "k_cache": frame.cache.keys,
+            "v_cache": frame.cache.values,
             **_greedy(batch, device),
-        }  # fmt: skip
+        }
         predictor_bound = {
-            **code_predictor_inputs(self.predictor_region, talker.code_predictor.new_cache(batch), self.hidden,
-                                    self.code0_embedding),
+            **code_predictor_inputs(
+                self.predictor_region, talker.code_predictor.new_cache(batch), self.hidden, self.code0_embedding
+            ),
             **_greedy(batch, device),
-        }  # fmt: skip
+        }
         # .to(device): inv_freq is computed on the CPU; device tensors pass through as themselves.
         self.talker_launch = Launcher(
             self.talker_region.program, {n: t.to(device) for n, t in talker_bound.items()}, args.executor
@@ -382,16 +448,26 @@ def bench_qwen(preset: str, batch: int, args, timer: Timer, talker: Talker, copy
     mk_codes, mk_next = mk.frame_codes.clone(), mk.code0.clone()
     mk_hidden = mk.hidden.float()
     conv()
-    agreement = {"error": first_error} if first_error is not None else {
-        "frame_code_agreement": float((mk_codes == conv.codes).float().mean()),
-        "next_code0_agreement": float((mk_next == conv.code0).float().mean()),
-        "max_abs_hidden_diff": float((mk_hidden - conv.hidden.float()).abs().max()),
-    }  # fmt: skip
-    row = {"model": "qwen3-tts", "variant": preset, "batch": batch, "context": context, "max_context": cache_len,
-           "instructions": len(mk.talker_region.program.instructions) + len(mk.predictor_region.program.instructions),
-           "predicted_ms": (mk.talker_region.predicted_time_s + mk.predictor_region.predicted_time_s) * 1e3,
-           "bytes": qwen_frame_bytes(talker, batch=batch, context=context, element_size=talker.codec_head.weight.itemsize),
-           "agreement_one_frame": agreement}  # fmt: skip
+    agreement = (
+        {"error": first_error}
+        if first_error is not None
+        else {
+            "frame_code_agreement": float((mk_codes == conv.codes).float().mean()),
+            "next_code0_agreement": float((mk_next == conv.code0).float().mean()),
+            "max_abs_hidden_diff": float((mk_hidden - conv.hidden.float()).abs().max()),
+        }
+    )
+    row = {
+        "model": "qwen3-tts",
+        "variant": preset,
+        "batch": batch,
+        "context": context,
+        "max_context": cache_len,
+        "instructions": len(mk.talker_region.program.instructions) + len(mk.predictor_region.program.instructions),
+        "predicted_ms": (mk.talker_region.predicted_time_s + mk.predictor_region.predicted_time_s) * 1e3,
+        "bytes": qwen_frame_bytes(talker, batch=batch, context=context, element_size=talker.codec_head.weight.itemsize),
+        "agreement_one_frame": agreement,
+    }
     print(f"  {preset} batch {batch}: megakernel", flush=True)
     _time_megakernel(row, mk, mk.check_error, first_error, timer, args)
     print(f"  {preset} batch {batch}: conventional", flush=True)
@@ -411,28 +487,43 @@ def _opt(value: float | None, fmt: str) -> str:
     return format(value, fmt) if value is not None else f"{'-':>{len(format(1.0, fmt))}}"
 
 
-HEADER = (f"{'model':<15} {'batch':>5} {'mk eager':>8} {'mk graph':>8} {'cv eager':>8} {'cv graph':>8} "
-          f"{'compiled':>8} {'xgraph':>6} {'xcomp':>6} {'GB':>6} {'%copy':>6} {'floor':>6} {'target':>6} {'x tgt':>6}")  # fmt: skip
+HEADER = (
+    f"{'model':<15} {'batch':>5} {'mk eager':>8} {'mk graph':>8} {'cv eager':>8} {'cv graph':>8} "
+    f"{'compiled':>8} {'xgraph':>6} {'xcomp':>6} {'GB':>6} {'%copy':>6} {'floor':>6} {'target':>6} {'x tgt':>6}"
+)
 
 
 def format_row(r: dict) -> str:
     mk = r["megakernel_graph"] if "ms" in r["megakernel_graph"] else r["megakernel_eager"]
-    return (f"{r['variant']:<15} {r['batch']:5d} {_cell(r['megakernel_eager'])} {_cell(r['megakernel_graph'])} "
-            f"{_cell(r['conventional_eager'])} {_cell(r['conventional_graph'])} {_cell(r['conventional_compiled'])} "
-            f"{_opt(r['speedup_vs_conventional_graph'], '6.2f')} {_opt(r['speedup_vs_conventional_compiled'], '6.2f')} "
-            f"{r['bytes']['total_bytes'] / 1e9:6.3f} {_opt(mk.get('pct_of_copy_bw'), '6.1f')} "
-            f"{r['floor_ms_at_4p8_tbs']:6.3f} {_opt(r['target_ms'], '6.2f')} {_opt(r['x_of_target'], '6.2f')}")  # fmt: skip
+    return (
+        f"{r['variant']:<15} {r['batch']:5d} {_cell(r['megakernel_eager'])} {_cell(r['megakernel_graph'])} "
+        f"{_cell(r['conventional_eager'])} {_cell(r['conventional_graph'])} {_cell(r['conventional_compiled'])} "
+        f"{_opt(r['speedup_vs_conventional_graph'], '6.2f')} {_opt(r['speedup_vs_conventional_compiled'], '6.2f')} "
+        f"{r['bytes']['total_bytes'] / 1e9:6.3f} {_opt(mk.get('pct_of_copy_bw'), '6.1f')} "
+        f"{r['floor_ms_at_4p8_tbs']:6.3f} {_opt(r['target_ms'], '6.2f')} {_opt(r['x_of_target'], '6.2f')}"
+    )
 
 
 def format_table(report: dict) -> str:
-    title = (f"megakernel vs conventional on {report['device']}: ms are CUDA-event medians; xgraph / xcomp = "
-             f"conventional graph / compiled time over the megakernel's (graph, else eager); %copy of "
-             f"{report['copy_bandwidth_gbs']:.0f} GB/s; floor = bytes at 4.8 TB/s")  # fmt: skip
+    title = (
+        f"megakernel vs conventional on {report['device']}: ms are CUDA-event medians; xgraph / xcomp = "
+        f"conventional graph / compiled time over the megakernel's (graph, else eager); %copy of "
+        f"{report['copy_bandwidth_gbs']:.0f} GB/s; floor = bytes at 4.8 TB/s"
+    )
     lines = [title, HEADER]
     lines += [format_row(r) for r in report["rows"]]
-    notes = [f"  {r['variant']} b{r['batch']} {name}: {r[name]['error']}" for r in report["rows"]
-             for name in ("megakernel_eager", "megakernel_graph", "conventional_eager", "conventional_graph",
-                          "conventional_compiled") if "error" in r[name]]  # fmt: skip
+    notes = [
+        f"  {r['variant']} b{r['batch']} {name}: {r[name]['error']}"
+        for r in report["rows"]
+        for name in (
+            "megakernel_eager",
+            "megakernel_graph",
+            "conventional_eager",
+            "conventional_graph",
+            "conventional_compiled",
+        )
+        if "error" in r[name]
+    ]
     return "\n".join(lines + (["errors:"] + notes if notes else []))
 
 
@@ -447,19 +538,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--executor", default="cuda", choices=["cuda", "vm"])
     parser.add_argument("--batches", type=_ints, default=(1, 8, 32))
-    parser.add_argument("--llama-variants", default="llama-3.2-1b,llasa-1b",
-                        help=f"comma list of {sorted(LLAMA_VARIANTS)}, or 'none'")
+    parser.add_argument(
+        "--llama-variants", default="llama-3.2-1b,llasa-1b", help=f"comma list of {sorted(LLAMA_VARIANTS)}, or 'none'"
+    )
     parser.add_argument("--qwen-preset", default="qwen3-tts-0.6b", help="Qwen3-TTS preset, or 'none'")
     parser.add_argument("--context", type=int, default=512, help="cached tokens per Llama stream")
     parser.add_argument("--qwen-context", type=int, default=256, help="cached talker tokens per Qwen stream")
-    parser.add_argument("--headroom", type=int, default=16, help="max_context = context + headroom (attention "
-                        "keys of the conventional step under graphs, which reads a static key count)")
+    parser.add_argument(
+        "--headroom",
+        type=int,
+        default=16,
+        help="max_context = context + headroom (attention "
+        "keys of the conventional step under graphs, which reads a static key count)",
+    )
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5, help=">= 3: reduce-overhead records its graph on call 2-3")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (it takes minutes)")
     parser.add_argument("--compile-batches", type=_ints, default=None, help="compile only at these batches")
-    parser.add_argument("--compile-backend", default="inductor",
-                        help="inductor (with mode reduce-overhead); eager/aot_eager check tracing only")
+    parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="inductor (with mode reduce-overhead); eager/aot_eager check tracing only",
+    )
     parser.add_argument("--num-sms", type=int, default=None, help="queues (default: the GPU's SMs; 8 on CPU)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -477,7 +577,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.executor == "cuda" and args.device.type != "cuda":
         parser.error("--executor cuda needs --device cuda")
     if args.num_sms is None:
-        args.num_sms = torch.cuda.get_device_properties(args.device).multi_processor_count if args.device.type == "cuda" else 8
+        args.num_sms = (
+            torch.cuda.get_device_properties(args.device).multi_processor_count if args.device.type == "cuda" else 8
+        )
     return args
 
 
@@ -504,8 +606,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "conventional": "benchmarks/megakernel_conventional.py: static device tensors; the Llama step attends "
         "a static max_context keys (masked); the Qwen frame re-runs one talker position",
         "weights": "seeded random bf16 (Llama: o1_random_llama; Qwen: randomize_network_)",
-        "args": {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, torch.device) else v)
-                 for k, v in vars(args).items() if k != "out"},  # fmt: skip
+        "args": {
+            k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, torch.device) else v)
+            for k, v in vars(args).items()
+            if k != "out"
+        },
         "rows": [],
     }
     timer = Timer(args, device)

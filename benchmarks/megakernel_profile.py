@@ -15,7 +15,6 @@ import json
 
 import torch
 
-
 from benchmarks.megakernel_h200 import capture, median_ms
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
 from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
@@ -55,8 +54,9 @@ def main() -> None:
     if args.tied:
         config = dataclasses.replace(config, tie_word_embeddings=True)
     model = random_llama(config, seed=0, device="cuda", dtype=torch.bfloat16)
-    tiling = TilingConfig(matvec_rows=args.matvec_rows, lm_head_rows=args.lm_head_rows,
-                          min_partition_tokens=args.min_partition_tokens)  # fmt: skip
+    tiling = TilingConfig(
+        matvec_rows=args.matvec_rows, lm_head_rows=args.lm_head_rows, min_partition_tokens=args.min_partition_tokens
+    )
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
@@ -65,11 +65,21 @@ def main() -> None:
         cache.k.normal_()
         cache.v.normal_()
         cache.lengths = [args.context] * batch
-        region = compile_region(model, RegionSpec.full_step(1), batch_size=batch, max_context=args.max_context,
-                                num_cache_slots=batch, cache_len=args.max_context, num_sms=num_sms, tiling=tiling)
+        region = compile_region(
+            model,
+            RegionSpec.full_step(1),
+            batch_size=batch,
+            max_context=args.max_context,
+            num_cache_slots=batch,
+            cache_len=args.max_context,
+            num_sms=num_sms,
+            tiling=tiling,
+        )
         tokens = torch.randint(0, config.vocab_size, (batch,), device="cuda")
-        bound = {**llama_decode_inputs(region, cache, slots, tokens),
-                 **sampling_inputs([SamplingParams.greedy()] * batch, seeds=slots)}
+        bound = {
+            **llama_decode_inputs(region, cache, slots, tokens),
+            **sampling_inputs([SamplingParams.greedy()] * batch, seeds=slots),
+        }
         bound = {name: t.to("cuda") for name, t in bound.items()}
         program = CudaProgram(region.program)
         profiled = program.bind(bound, profile=True)
@@ -85,27 +95,45 @@ def main() -> None:
             "profile": summary,
             "streaming_fit": fit_streaming_cost(summary),
         }
-        print(f"batch {batch}: {len(region.program.instructions)} instructions, predicted {row['predicted_ms']:.3f} ms, "
-              f"graph {row['graph_ms_prefetch']:.3f} ms (prefetch) / {row['graph_ms_no_prefetch']:.3f} ms (none), "
-              f"profiled span {summary['span_us']:.0f} us, queues busy {summary['mean_queue_busy_pct']:.0f} %")
+        print(
+            f"batch {batch}: {len(region.program.instructions)} instructions, predicted {row['predicted_ms']:.3f} ms, "
+            f"graph {row['graph_ms_prefetch']:.3f} ms (prefetch) / {row['graph_ms_no_prefetch']:.3f} ms (none), "
+            f"profiled span {summary['span_us']:.0f} us, queues busy {summary['mean_queue_busy_pct']:.0f} %"
+        )
         fit = row["streaming_fit"]
-        print(f"  matrix-vector fit: {fit['overhead_us']:.2f} us per instruction + bytes at {fit['sm_gb_per_s']:.1f} GB/s per SM")
-        print(f"  {'opcode':<26}{'count':>7}{'exec us':>10}{'median':>9}{'wait us':>10}{'sum exec':>11}{'last end':>10}")
+        print(
+            f"  matrix-vector fit: {fit['overhead_us']:.2f} us per instruction + bytes at {fit['sm_gb_per_s']:.1f} GB/s per SM"
+        )
+        print(
+            f"  {'opcode':<26}{'count':>7}{'exec us':>10}{'median':>9}{'wait us':>10}{'sum exec':>11}{'last end':>10}"
+        )
         for name, o in summary["opcodes"].items():
-            print(f"  {name:<26}{o['count']:>7}{o['exec_us_mean']:>10.2f}{o['exec_us_median']:>9.2f}"
-                  f"{o['wait_us_mean']:>10.2f}{o['total_exec_us']:>11.0f}{o['last_finish_us']:>10.0f}")
+            print(
+                f"  {name:<26}{o['count']:>7}{o['exec_us_mean']:>10.2f}{o['exec_us_median']:>9.2f}"
+                f"{o['wait_us_mean']:>10.2f}{o['total_exec_us']:>11.0f}{o['last_finish_us']:>10.0f}"
+            )
         rows.append(row)
         del cache, bound, program, profiled
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:
-        json.dump({
-            "benchmark": "megakernel per-opcode profile, Llama-1B full decode step",
-            "device": torch.cuda.get_device_name(0), "num_sms": num_sms,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": args.commit,
-            "torch": torch.__version__, "vocab_size": config.vocab_size, "tied": config.tie_word_embeddings,
-            "context": args.context, "max_context": args.max_context, "tiling": dataclasses.asdict(tiling),
-            "rows": rows,
-        }, f, indent=2)  # fmt: skip
+        json.dump(
+            {
+                "benchmark": "megakernel per-opcode profile, Llama-1B full decode step",
+                "device": torch.cuda.get_device_name(0),
+                "num_sms": num_sms,
+                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "commit": args.commit,
+                "torch": torch.__version__,
+                "vocab_size": config.vocab_size,
+                "tied": config.tie_word_embeddings,
+                "context": args.context,
+                "max_context": args.max_context,
+                "tiling": dataclasses.asdict(tiling),
+                "rows": rows,
+            },
+            f,
+            indent=2,
+        )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-
 from benchmarks.common import commit
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.qwen3_tts.loader import load_preset
@@ -142,7 +141,7 @@ def run(args: argparse.Namespace) -> dict:
         "preset": args.preset,
         "dtype": args.dtype,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "git_commit": commit(),
         "torch_version": torch.__version__,
         "context_tokens": args.context,

@@ -43,8 +43,6 @@ SURFACES = ("http_pcm", "http_sse", "ws", "grpc")
 ENDINGS = ("complete", "cancel", "disconnect")
 
 
-
-
 def _rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -149,8 +147,12 @@ async def _grpc(target: str, text: str, seed: int, ending: str, api_key: str | N
     async with grpc.aio.insecure_channel(target) as channel:
         stub = riva_tts_pb2_grpc.RivaSpeechSynthesisStub(channel)
         request = riva_tts_pb2.SynthesizeSpeechRequest(
-            text=text, language_code="en-US", encoding=riva_audio_pb2.LINEAR_PCM, sample_rate_hz=0,
-            voice_name="", custom_configuration={"seed": str(seed), "max_duration_s": "2.0"},
+            text=text,
+            language_code="en-US",
+            encoding=riva_audio_pb2.LINEAR_PCM,
+            sample_rate_hz=0,
+            voice_name="",
+            custom_configuration={"seed": str(seed), "max_duration_s": "2.0"},
         )
         call = stub.SynthesizeOnline(iter([request]), metadata=metadata)  # bidirectional in Riva 2.x
         chunks = 0
@@ -183,19 +185,24 @@ async def _client(idx: int, base: str, grpc_target: str, deadline: float, api_ke
             k += 1
             try:
                 if surface in ("http_pcm", "http_sse"):
-                    body = {"input": text, "voice": "alloy", "seed": seed, "max_duration_s": 2.0,
-                            "response_format": "pcm" if surface == "http_pcm" else "mp3",
-                            "stream_format": "audio" if surface == "http_pcm" else "sse"}
+                    body = {
+                        "input": text,
+                        "voice": "alloy",
+                        "seed": seed,
+                        "max_duration_s": 2.0,
+                        "response_format": "pcm" if surface == "http_pcm" else "mp3",
+                        "stream_format": "audio" if surface == "http_pcm" else "sse",
+                    }
                     await _http(client, base, body, "complete" if ending == "cancel" else ending, tally, surface)
                 elif surface == "ws":
                     await _ws(base, text, seed, ending, api_key, tally)
                 else:
-                    await _grpc(grpc_target, text, seed, "complete" if ending == "disconnect" else ending, api_key, tally)
+                    await _grpc(
+                        grpc_target, text, seed, "complete" if ending == "disconnect" else ending, api_key, tally
+                    )
             except (httpx.HTTPError, websockets.WebSocketException, OSError, grpc.RpcError) as exc:
                 tally.bad(surface, f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(rng.uniform(0, 0.2))
-
-
 
 
 async def _soak(args, pid: int, base: str, grpc_target: str) -> dict:
@@ -209,7 +216,9 @@ async def _soak(args, pid: int, base: str, grpc_target: str) -> dict:
             await asyncio.sleep(10)
             rss.append((round(time.monotonic() - started, 1), _rss_kib(pid)))
 
-    await asyncio.gather(sample_rss(), *(_client(i, base, grpc_target, deadline, args.api_key, tally) for i in range(args.clients)))
+    await asyncio.gather(
+        sample_rss(), *(_client(i, base, grpc_target, deadline, args.api_key, tally) for i in range(args.clients))
+    )
     # Leaked slots: nothing may stay running or queued once every client has gone.
     async with httpx.AsyncClient(timeout=10) as client:
         active = queued = float("nan")
@@ -223,11 +232,18 @@ async def _soak(args, pid: int, base: str, grpc_target: str) -> dict:
     baseline = next((kib for t, kib in rss if t >= 60), rss[-1][1])  # after the first minute
     growth = (rss_end - baseline) / baseline
     return {
-        "outcomes": dict(sorted(tally.outcomes.items())), "requests": sum(tally.outcomes.values()) + sum(tally.unexpected.values()),
-        "unexpected_errors": sum(tally.unexpected.values()), "unexpected_by_surface": dict(tally.unexpected),
-        "unexpected_examples": tally.examples, "audio_mib_received": round(tally.audio_bytes / 2**20, 1),
-        "leaked_active_streams": active, "leaked_queued_streams": queued,
-        "rss_kib_after_first_minute": baseline, "rss_kib_end": rss_end, "rss_growth": round(growth, 4), "rss_samples": rss,
+        "outcomes": dict(sorted(tally.outcomes.items())),
+        "requests": sum(tally.outcomes.values()) + sum(tally.unexpected.values()),
+        "unexpected_errors": sum(tally.unexpected.values()),
+        "unexpected_by_surface": dict(tally.unexpected),
+        "unexpected_examples": tally.examples,
+        "audio_mib_received": round(tally.audio_bytes / 2**20, 1),
+        "leaked_active_streams": active,
+        "leaked_queued_streams": queued,
+        "rss_kib_after_first_minute": baseline,
+        "rss_kib_end": rss_end,
+        "rss_growth": round(growth, 4),
+        "rss_samples": rss,
         "passed": sum(tally.unexpected.values()) == 0 and active == 0 and queued == 0 and growth < 0.05,
     }
 
@@ -237,19 +253,37 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--model", default="random:llama-tiny")
-    parser.add_argument("--max-streams", type=int, default=8, help="server --max-streams (the rest of the clients queue)")
+    parser.add_argument(
+        "--max-streams", type=int, default=8, help="server --max-streams (the rest of the clients queue)"
+    )
     parser.add_argument("--api-key", default=None, help="serve and call with this key")
     parser.add_argument("--server-log", type=Path, default=Path("/tmp/tilevox_soak_server.log"))
     parser.add_argument("--out", type=Path, default=RESULTS / "soak_cpu.json")
     args = parser.parse_args()
-    serve_args = ["--model", args.model, "--device", "cpu", "--max-streams", str(args.max_streams), "--max-queued", str(args.clients)]
+    serve_args = [
+        "--model",
+        args.model,
+        "--device",
+        "cpu",
+        "--max-streams",
+        str(args.max_streams),
+        "--max-queued",
+        str(args.clients),
+    ]
     env = {"TILEVOX_API_KEY": args.api_key} if args.api_key else None
     with ServerProcess(serve_args, log_path=args.server_log, start_timeout_s=300, env=env) as server:
         result = asyncio.run(_soak(args, server.proc.pid, server.base_url, server.grpc_target))
     report = {
-        "benchmark": "soak", "date": utc_now(), "commit": commit(),
-        "device": "cpu", "model": args.model, "minutes": args.minutes, "clients": args.clients,
-        "server_max_streams": args.max_streams, "server_exit_code": server.returncode, **result,
+        "benchmark": "soak",
+        "date": utc_now(),
+        "commit": commit(),
+        "device": "cpu",
+        "model": args.model,
+        "minutes": args.minutes,
+        "clients": args.clients,
+        "server_max_streams": args.max_streams,
+        "server_exit_code": server.returncode,
+        **result,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

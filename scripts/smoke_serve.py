@@ -43,7 +43,13 @@ def wait_ready(base: str, wait_s: float) -> None:
 
 
 def http_speech(base: str) -> dict:
-    body = {"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "wav", "max_duration_s": MAX_DURATION_S}
+    body = {
+        "model": "tts-1",
+        "input": TEXT,
+        "voice": "alloy",
+        "response_format": "wav",
+        "max_duration_s": MAX_DURATION_S,
+    }
     req = urllib.request.Request(
         f"{base}/v1/audio/speech", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )

@@ -52,9 +52,15 @@ class _Uvicorn(uvicorn.Server):
 def build_state(config: ServerConfig, model: SpeechModel) -> ServerState:
     metrics = ServerMetrics()
     if config.max_streams > model.max_streams:
-        raise ValueError(f"--max-streams {config.max_streams} exceeds what {model.model_id} supports ({model.max_streams})")
-    scheduler = Scheduler(model, max_active=config.max_streams, max_queued=config.max_queued, max_batch=config.max_batch, metrics=metrics)
-    return ServerState(config=config, model=model, scheduler=scheduler, metrics=metrics, catalog=VoiceCatalog.for_model(model))
+        raise ValueError(
+            f"--max-streams {config.max_streams} exceeds what {model.model_id} supports ({model.max_streams})"
+        )
+    scheduler = Scheduler(
+        model, max_active=config.max_streams, max_queued=config.max_queued, max_batch=config.max_batch, metrics=metrics
+    )
+    return ServerState(
+        config=config, model=model, scheduler=scheduler, metrics=metrics, catalog=VoiceCatalog.for_model(model)
+    )
 
 
 class PortInUseError(OSError):
@@ -103,6 +109,7 @@ def bind_ports(host: str, http_port: int, grpc_port: int) -> BoundPorts:
             raise PortInUseError(f"cannot bind the gRPC port {host}:{grpc_port}: {exc.strerror or exc}") from exc
     return BoundPorts(http_sock=http_sock, grpc_port=grpc_port)
 
+
 class ServerHandle:
     """Runs the server on its own event loop in a background thread (`start`) or in the
     caller's loop (`run`). Ports of 0 are resolved to free ones before start returns."""
@@ -132,19 +139,25 @@ class ServerHandle:
             await serve_websocket(ws, state)
 
         uv_config = uvicorn.Config(
-            app, log_level="warning", access_log=False, log_config=None,  # uvicorn's loggers go through ours (JSON)
+            app,
+            log_level="warning",
+            access_log=False,
+            log_config=None,  # uvicorn's loggers go through ours (JSON)
             # the frame limit sits above our message limit, so an oversized message gets the documented
             # `message_too_large` event instead of a 1009 close (beyond 4x the limit uvicorn still closes)
             ws_max_size=4 * cfg.max_message_bytes,
-            timeout_keep_alive=int(max(1, cfg.idle_timeout_s)), timeout_graceful_shutdown=int(cfg.drain_timeout_s) + 1,
+            timeout_keep_alive=int(max(1, cfg.idle_timeout_s)),
+            timeout_graceful_shutdown=int(cfg.drain_timeout_s) + 1,
             lifespan="off",
         )
         http_server = _Uvicorn(uv_config)
-        grpc_server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", cfg.max_message_bytes),
-            ("grpc.max_send_message_length", 64 << 20),
-            ("grpc.so_reuseport", 0),  # gRPC's default would let a second server share the port silently
-        ])
+        grpc_server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", cfg.max_message_bytes),
+                ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.so_reuseport", 0),  # gRPC's default would let a second server share the port silently
+            ]
+        )
         health, health_pb2 = add_to_server(grpc_server, state)
         address = _grpc_address(cfg.host, cfg.grpc_port)
         try:
@@ -167,8 +180,16 @@ class ServerHandle:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._on_signal, sig)
-        log_event(log, "server.ready", model=state.model.model_id, http_port=self.http_port, grpc_port=self.grpc_port,
-                  max_streams=cfg.max_streams, max_queued=cfg.max_queued, auth=cfg.api_key is not None)
+        log_event(
+            log,
+            "server.ready",
+            model=state.model.model_id,
+            http_port=self.http_port,
+            grpc_port=self.grpc_port,
+            max_streams=cfg.max_streams,
+            max_queued=cfg.max_queued,
+            auth=cfg.api_key is not None,
+        )
         if self._on_ready is not None:
             self._on_ready(self)
         self._started.set()

@@ -74,9 +74,13 @@ def streaming_wav_header(sample_rate_hz: int) -> bytes:
     the convention OpenAI's streamed WAV uses; players then read until end of stream."""
     byte_rate = sample_rate_hz * 2
     return (
-        b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE"
-        + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate_hz, byte_rate, 2, 16)
-        + b"data" + struct.pack("<I", 0xFFFFFFFF)
+        b"RIFF"
+        + struct.pack("<I", 0xFFFFFFFF)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate_hz, byte_rate, 2, 16)
+        + b"data"
+        + struct.pack("<I", 0xFFFFFFFF)
     )
 
 

@@ -19,8 +19,9 @@ __all__ = ["main"]
 
 log = logging.getLogger("tilevox")
 
-RANDOM_WEIGHTS_NOTE = ("random weights: the audio is noise, and since no end-of-speech token is ever likely, "
-                       "it lasts until --max-duration")
+RANDOM_WEIGHTS_NOTE = (
+    "random weights: the audio is noise, and since no end-of-speech token is ever likely, it lasts until --max-duration"
+)
 
 
 class CommandError(Exception):
@@ -30,8 +31,11 @@ class CommandError(Exception):
 def _presets_epilog() -> str:
     from tilevox.models.registry import PRESETS
 
-    return ("models: a checkpoint directory, or random:<preset> with seeded random weights (noise), presets: "
-            + ", ".join(PRESETS) + ". List a model's voices with `tilevox voices --model M`.")
+    return (
+        "models: a checkpoint directory, or random:<preset> with seeded random weights (noise), presets: "
+        + ", ".join(PRESETS)
+        + ". List a model's voices with `tilevox voices --model M`."
+    )
 
 
 def _add_synth(subparsers) -> None:
@@ -47,20 +51,32 @@ def _add_synth(subparsers) -> None:
     p.add_argument("--max-duration", type=float, default=30.0, help="seconds of audio at most")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
-    p.add_argument("--fused-swiglu", default="auto", choices=["auto", "on", "off"],
-                   help="fused CUTLASS SwiGLU MLPs: auto = where they can run (Hopper, bf16), else the PyTorch path")
+    p.add_argument(
+        "--fused-swiglu",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="fused CUTLASS SwiGLU MLPs: auto = where they can run (Hopper, bf16), else the PyTorch path",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_megakernel_args(p)
     p.set_defaults(handler=_run_synth)
 
 
 def _add_megakernel_args(p) -> None:
-    p.add_argument("--megakernel", default="none", metavar="REGIONS",
-                   help="regions run by the persistent megakernel: a comma list of the model's regions "
-                        "(Llasa: decoder_step; Qwen3-TTS: talker_step, code_predictor_loop), all, or none; "
-                        "a region that cannot run there stays on the PyTorch path with a logged reason")
-    p.add_argument("--megakernel-executor", default="cuda", choices=["cuda", "vm"],
-                   help="cuda: the CUDA kernel (Hopper); vm: its pure-PyTorch interpreter (slow; for checking)")
+    p.add_argument(
+        "--megakernel",
+        default="none",
+        metavar="REGIONS",
+        help="regions run by the persistent megakernel: a comma list of the model's regions "
+        "(Llasa: decoder_step; Qwen3-TTS: talker_step, code_predictor_loop), all, or none; "
+        "a region that cannot run there stays on the PyTorch path with a logged reason",
+    )
+    p.add_argument(
+        "--megakernel-executor",
+        default="cuda",
+        choices=["cuda", "vm"],
+        help="cuda: the CUDA kernel (Hopper); vm: its pure-PyTorch interpreter (slow; for checking)",
+    )
 
 
 def _megakernel_asked(args: argparse.Namespace) -> bool:
@@ -120,9 +136,18 @@ def _run_synth(args: argparse.Namespace) -> int:
     model.validate(request)
     from tqdm import tqdm
 
-    with tqdm(total=round(args.max_duration, 2), unit="s", desc="audio", file=sys.stderr, leave=False,
-              disable=args.quiet or not sys.stderr.isatty(), bar_format="{desc}: {n:.2f}/{total} s [{elapsed}, {rate_fmt}]") as bar:
-        result = synthesize(model, request, on_chunk=lambda chunk: bar.update(chunk.samples.size / model.sample_rate_hz))
+    with tqdm(
+        total=round(args.max_duration, 2),
+        unit="s",
+        desc="audio",
+        file=sys.stderr,
+        leave=False,
+        disable=args.quiet or not sys.stderr.isatty(),
+        bar_format="{desc}: {n:.2f}/{total} s [{elapsed}, {rate_fmt}]",
+    ) as bar:
+        result = synthesize(
+            model, request, on_chunk=lambda chunk: bar.update(chunk.samples.size / model.sample_rate_hz)
+        )
     soundfile.write(str(args.out), result.samples, result.sample_rate_hz, subtype="PCM_16")
     print(
         f"wrote {args.out}: {result.duration_s:.2f} s at {result.sample_rate_hz} Hz, {result.num_frames} frames "
@@ -133,25 +158,45 @@ def _run_synth(args: argparse.Namespace) -> int:
 
 
 def _add_serve(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="serve the OpenAI HTTP, Riva gRPC and WebSocket APIs", epilog=_presets_epilog())
-    p.add_argument("--model", default=None, help="checkpoint directory or random:<preset>; default: random:llama-tiny on CPU")
+    p = subparsers.add_parser(
+        "serve", help="serve the OpenAI HTTP, Riva gRPC and WebSocket APIs", epilog=_presets_epilog()
+    )
+    p.add_argument(
+        "--model", default=None, help="checkpoint directory or random:<preset>; default: random:llama-tiny on CPU"
+    )
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP and WebSocket port")
     p.add_argument("--grpc-port", type=int, default=50051, help="Riva gRPC port")
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if visible, else cpu")
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
-    p.add_argument("--max-streams", type=int, default=None, help="concurrent streams (default: the model's limit, at most 32)")
-    p.add_argument("--max-queued", type=int, default=None, help="streams waiting for a slot before 429 (default: max-streams)")
-    p.add_argument("--api-key", default=None,
-                   help="require this key on every synthesis call (default: $TILEVOX_API_KEY; neither set = no auth; "
-                        "an empty or blank key is refused)")
+    p.add_argument(
+        "--max-streams", type=int, default=None, help="concurrent streams (default: the model's limit, at most 32)"
+    )
+    p.add_argument(
+        "--max-queued", type=int, default=None, help="streams waiting for a slot before 429 (default: max-streams)"
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key on every synthesis call (default: $TILEVOX_API_KEY; neither set = no auth; "
+        "an empty or blank key is refused)",
+    )
     p.add_argument("--max-text-chars", type=int, default=4096)
-    p.add_argument("--strict-voices", action="store_true",
-                   help="refuse Riva voice names that match no voice (default: serve the default voice, warn once per name)")
+    p.add_argument(
+        "--strict-voices",
+        action="store_true",
+        help="refuse Riva voice names that match no voice (default: serve the default voice, warn once per name)",
+    )
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds a WebSocket/gRPC stream may stay silent")
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds active streams get to finish after SIGTERM")
-    p.add_argument("--fused-swiglu", default="auto", choices=["auto", "on", "off"],
-                   help="fused CUTLASS SwiGLU MLPs: auto = where they can run (Hopper, bf16), else the PyTorch path")
+    p.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="seconds active streams get to finish after SIGTERM"
+    )
+    p.add_argument(
+        "--fused-swiglu",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="fused CUTLASS SwiGLU MLPs: auto = where they can run (Hopper, bf16), else the PyTorch path",
+    )
     _add_megakernel_args(p)
     p.set_defaults(handler=_run_serve)
 
@@ -200,38 +245,61 @@ def _run_serve(args: argparse.Namespace) -> int:
     else:
         model_spec, device = args.model, args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
-    probe = ServerConfig(model=model_spec, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, device=device,
-                         dtype=dtype_name, api_key=api_key, max_text_chars=args.max_text_chars, strict_voices=args.strict_voices,
-                         idle_timeout_s=args.idle_timeout, drain_timeout_s=args.drain_timeout)  # validates the options
+    probe = ServerConfig(
+        model=model_spec,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        device=device,
+        dtype=dtype_name,
+        api_key=api_key,
+        max_text_chars=args.max_text_chars,
+        strict_voices=args.strict_voices,
+        idle_timeout_s=args.idle_timeout,
+        drain_timeout_s=args.drain_timeout,
+    )  # validates the options
     try:
         ports = bind_ports(args.host, args.http_port, args.grpc_port)
     except PortInUseError as exc:
         raise CommandError(str(exc)) from exc
     configure_logging(logging.INFO)
     if api_key is None and not _is_loopback(args.host):
-        log.warning("no API key: anyone who can reach %s:%d (HTTP) and :%d (gRPC) can use this server; "
-                    "set --api-key or TILEVOX_API_KEY", args.host, args.http_port, args.grpc_port)
+        log.warning(
+            "no API key: anyone who can reach %s:%d (HTTP) and :%d (gRPC) can use this server; "
+            "set --api-key or TILEVOX_API_KEY",
+            args.host,
+            args.http_port,
+            args.grpc_port,
+        )
     model = load_model(model_spec, device=device, dtype=parse_dtype(dtype_name), fused_swiglu=_fused_swiglu_mode(args))
     if model.is_random:
         print(f"warning: {model_spec} has {RANDOM_WEIGHTS_NOTE}", file=sys.stderr)
     _install_megakernel(model, args)
     if args.max_streams is not None and args.max_streams > model.max_streams:
-        raise CommandError(f"--max-streams {args.max_streams} exceeds what {model.model_id} supports ({model.max_streams})")
+        raise CommandError(
+            f"--max-streams {args.max_streams} exceeds what {model.model_id} supports ({model.max_streams})"
+        )
     max_streams = args.max_streams or min(model.max_streams, 32)
-    config = dataclasses.replace(probe, max_streams=max_streams,
-                                 max_queued=max_streams if args.max_queued is None else args.max_queued)
+    config = dataclasses.replace(
+        probe, max_streams=max_streams, max_queued=max_streams if args.max_queued is None else args.max_queued
+    )
 
     def on_ready(handle) -> None:
-        print(f"tilevox: serving {model.model_id} ({model.sample_rate_hz} Hz) on http://{args.host}:{handle.http_port} "
-              f"and grpc {args.host}:{handle.grpc_port}", file=sys.stderr, flush=True)
+        print(
+            f"tilevox: serving {model.model_id} ({model.sample_rate_hz} Hz) on http://{args.host}:{handle.http_port} "
+            f"and grpc {args.host}:{handle.grpc_port}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     serve(config, model, ports=ports, on_ready=on_ready)
     return 0
 
 
 def _add_voices(subparsers) -> None:
-    p = subparsers.add_parser("voices", help="list a model's voices and the OpenAI / NVIDIA names mapped onto them",
-                              epilog=_presets_epilog())
+    p = subparsers.add_parser(
+        "voices", help="list a model's voices and the OpenAI / NVIDIA names mapped onto them", epilog=_presets_epilog()
+    )
     p.add_argument("--model", required=True, help="checkpoint directory or random:<preset>")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(handler=_run_voices)
@@ -256,7 +324,9 @@ def _run_voices(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tilevox", description="Streaming text-to-speech for Hopper GPUs", epilog=_presets_epilog())
+    parser = argparse.ArgumentParser(
+        prog="tilevox", description="Streaming text-to-speech for Hopper GPUs", epilog=_presets_epilog()
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_synth(subparsers)
@@ -268,7 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     from tilevox.models.errors import CheckpointError
 
     try:
@@ -280,8 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:  # not the user's mistake (a CUDA error, a bug): say what and why
         cause = exc.__cause__ or exc.__context__
-        print(f"tilevox: internal error: {type(exc).__name__}: {exc}" + (f" (caused by {type(cause).__name__}: {cause})" if cause else ""),
-              file=sys.stderr)
+        print(
+            f"tilevox: internal error: {type(exc).__name__}: {exc}"
+            + (f" (caused by {type(cause).__name__}: {cause})" if cause else ""),
+            file=sys.stderr,
+        )
         if args.verbose:
             import traceback
 

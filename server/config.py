@@ -27,7 +27,9 @@ class ServerConfig:
     idle_timeout_s: float = 30.0  # WebSocket/gRPC stream with no client message for this long is closed
     drain_timeout_s: float = 30.0  # SIGTERM: active streams get this long to finish
     warmup: bool = True  # one short synthesis before /ready turns true
-    strict_voices: bool = False  # Riva surface: refuse voice names that match nothing (default: the default voice + one warning)
+    strict_voices: bool = (
+        False  # Riva surface: refuse voice names that match nothing (default: the default voice + one warning)
+    )
 
     def __post_init__(self) -> None:
         for name in ("http_port", "grpc_port"):

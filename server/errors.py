@@ -41,13 +41,25 @@ class MappedError:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-_GRPC_FOR_HTTP = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED, 404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.INVALID_ARGUMENT}
+_GRPC_FOR_HTTP = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+}
 
 
 def map_exception(exc: BaseException, request_id: str | None = None) -> MappedError:
     """The surface-neutral description of `exc`; exceptions not listed above are bugs (`unexpected`)."""
     if isinstance(exc, ApiError):
-        return MappedError(exc.status, _GRPC_FOR_HTTP.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT), exc.code or "invalid_request", exc.type, exc.message, exc.param)
+        return MappedError(
+            exc.status,
+            _GRPC_FOR_HTTP.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT),
+            exc.code or "invalid_request",
+            exc.type,
+            exc.message,
+            exc.param,
+        )
     if isinstance(exc, OverloadedError):
         return MappedError(429, grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded", "rate_limit_exceeded", str(exc))
     if isinstance(exc, ShuttingDownError):
@@ -59,5 +71,11 @@ def map_exception(exc: BaseException, request_id: str | None = None) -> MappedEr
     if isinstance(exc, RequestError):
         return MappedError(400, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", "invalid_request_error", str(exc))
     where = f" (request {request_id})" if request_id else ""
-    return MappedError(500, grpc.StatusCode.INTERNAL, "internal_error", "server_error",
-                       f"internal server error{where}: {type(exc).__name__}", unexpected=True)
+    return MappedError(
+        500,
+        grpc.StatusCode.INTERNAL,
+        "internal_error",
+        "server_error",
+        f"internal server error{where}: {type(exc).__name__}",
+        unexpected=True,
+    )

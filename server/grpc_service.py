@@ -47,9 +47,26 @@ _ENCODINGS = {
     riva_audio_pb2.ALAW: AudioFormat.ALAW,
 }
 # BCP-47 primary subtag -> language names that some models list instead of codes
-_LANGUAGE_NAMES = {"en": "english", "zh": "chinese", "ja": "japanese", "ko": "korean", "de": "german", "fr": "french",
-                   "es": "spanish", "it": "italian", "pt": "portuguese", "ru": "russian"}
-_CUSTOM_KEYS = {"seed": int, "max_duration_s": float, "temperature": float, "top_k": int, "top_p": float, "instructions": str}
+_LANGUAGE_NAMES = {
+    "en": "english",
+    "zh": "chinese",
+    "ja": "japanese",
+    "ko": "korean",
+    "de": "german",
+    "fr": "french",
+    "es": "spanish",
+    "it": "italian",
+    "pt": "portuguese",
+    "ru": "russian",
+}
+_CUSTOM_KEYS = {
+    "seed": int,
+    "max_duration_s": float,
+    "temperature": float,
+    "top_k": int,
+    "top_p": float,
+    "instructions": str,
+}
 
 
 def riva_language_code(state: ServerState) -> str:
@@ -73,11 +90,22 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
     # ---- helpers ---------------------------------------------------------------------
     async def _abort(self, context: grpc.aio.ServicerContext, exc: BaseException, request_id: str):
         mapped = map_exception(exc, request_id)
-        log_event(log, "grpc.rejected", level=logging.ERROR if mapped.unexpected else logging.WARNING, request_id=request_id,
-                  code=mapped.grpc_code.name, error=mapped.message, exc_info=exc if mapped.unexpected else None)
+        log_event(
+            log,
+            "grpc.rejected",
+            level=logging.ERROR if mapped.unexpected else logging.WARNING,
+            request_id=request_id,
+            code=mapped.grpc_code.name,
+            error=mapped.message,
+            exc_info=exc if mapped.unexpected else None,
+        )
         if isinstance(exc, OverloadedError):
-            context.set_trailing_metadata((("retry-after-ms", str(max(1, round(exc.retry_after_s * 1000)))),
-                                           *((("x-tilevox-ticket", exc.ticket),) if exc.ticket else ())))
+            context.set_trailing_metadata(
+                (
+                    ("retry-after-ms", str(max(1, round(exc.retry_after_s * 1000)))),
+                    *((("x-tilevox-ticket", exc.ticket),) if exc.ticket else ()),
+                )
+            )
         self.state.metrics.requests_total.labels(api="grpc", outcome=f"rejected_{mapped.http_status}").inc()
         await context.abort(mapped.grpc_code, mapped.message)
 
@@ -89,7 +117,9 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
         md = self._metadata(context)
         presented = bearer_token(md.get("authorization")) or md.get("api-key")
         if not self.state.check_api_key(presented):
-            raise ApiError(401, "missing or wrong API key (metadata authorization: Bearer <key>)", code="invalid_api_key")
+            raise ApiError(
+                401, "missing or wrong API key (metadata authorization: Bearer <key>)", code="invalid_api_key"
+            )
 
     def _voice(self, name: str) -> str | None:
         prefix = riva_voice_prefix(self.state)
@@ -124,18 +154,30 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
             raise ApiError(400, "zero-shot voice prompts are not supported by this server yet", param="zero_shot_data")
         rate = req.sample_rate_hz or self.state.model.sample_rate_hz
         if not (MIN_SAMPLE_RATE_HZ <= rate <= MAX_SAMPLE_RATE_HZ):
-            raise ApiError(400, f"sample_rate_hz must be 0 or in [{MIN_SAMPLE_RATE_HZ}, {MAX_SAMPLE_RATE_HZ}], got {rate}", param="sample_rate_hz")
+            raise ApiError(
+                400,
+                f"sample_rate_hz must be 0 or in [{MIN_SAMPLE_RATE_HZ}, {MAX_SAMPLE_RATE_HZ}], got {rate}",
+                param="sample_rate_hz",
+            )
         custom = dict(req.custom_configuration)
         unknown = sorted(set(custom) - set(_CUSTOM_KEYS))
         if unknown:
-            raise ApiError(400, f"unknown custom_configuration key(s) {unknown}; known: {sorted(_CUSTOM_KEYS)}", param="custom_configuration")
+            raise ApiError(
+                400,
+                f"unknown custom_configuration key(s) {unknown}; known: {sorted(_CUSTOM_KEYS)}",
+                param="custom_configuration",
+            )
         values = {}
         for key, raw in custom.items():
             try:
                 values[key] = _CUSTOM_KEYS[key](raw)
             except ValueError:
                 kind = {int: "an integer", float: "a number", str: "a string"}[_CUSTOM_KEYS[key]]
-                raise ApiError(400, f"custom_configuration {key!r} must be {kind}, got {raw!r}", param=f"custom_configuration.{key}") from None
+                raise ApiError(
+                    400,
+                    f"custom_configuration {key!r} must be {kind}, got {raw!r}",
+                    param=f"custom_configuration.{key}",
+                ) from None
         try:
             defaults = SamplingParams()
             sampling = SamplingParams(
@@ -159,7 +201,9 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
                     self.state.model.validate(request)
                 except ValueError:
                     request = dataclasses.replace(request, language=None)
-            encoder = StreamEncoder(_ENCODINGS[req.encoding], in_rate_hz=self.state.model.sample_rate_hz, out_rate_hz=rate)
+            encoder = StreamEncoder(
+                _ENCODINGS[req.encoding], in_rate_hz=self.state.model.sample_rate_hz, out_rate_hz=rate
+            )
         except ApiError:
             raise
         except RequestError as exc:  # anything else is a bug: INTERNAL, logged with its traceback
@@ -184,7 +228,9 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
             handle.cancel()  # client cancellation (CancelledError) lands here too
         self.state.metrics.requests_total.labels(api="grpc", outcome=handle.stats.finish_reason.value).inc()
         log_event(log, "grpc.synthesize.finished", request_id=request_id, stats=handle.stats.as_dict())
-        return riva_tts_pb2.SynthesizeSpeechResponse(audio=b"".join(parts), meta=riva_tts_pb2.SynthesizeSpeechResponseMetadata(text=request.text), id=request.id)
+        return riva_tts_pb2.SynthesizeSpeechResponse(
+            audio=b"".join(parts), meta=riva_tts_pb2.SynthesizeSpeechResponseMetadata(text=request.text), id=request.id
+        )
 
     async def SynthesizeOnline(self, request_iterator, context):
         request_id = request_id_of(self._metadata(context))
@@ -199,10 +245,14 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
             except StopAsyncIteration:
                 return
             except TimeoutError:
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no request for {self.state.config.idle_timeout_s} s")
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, f"no request for {self.state.config.idle_timeout_s} s"
+                )
             try:
                 synth_request, encoder = self._parse(request)
-                handle = self.state.scheduler.submit(synth_request, ticket=self._metadata(context).get("x-tilevox-ticket"))
+                handle = self.state.scheduler.submit(
+                    synth_request, ticket=self._metadata(context).get("x-tilevox-ticket")
+                )
             except Exception as exc:  # noqa: BLE001
                 await self._abort(context, exc, request_id)
             try:

@@ -42,7 +42,9 @@ def _log_mapped(mapped: MappedError, exc: BaseException, request_id: str, event:
     if mapped.unexpected:
         log_event(log, event, level=logging.ERROR, exc_info=exc, request_id=request_id, status=500)
     else:
-        log_event(log, event, level=logging.WARNING, request_id=request_id, status=mapped.http_status, error=mapped.message)
+        log_event(
+            log, event, level=logging.WARNING, request_id=request_id, status=mapped.http_status, error=mapped.message
+        )
 
 
 def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
@@ -67,7 +69,12 @@ def build_http_app(state: ServerState) -> FastAPI:
     @app.get("/ready")
     async def ready() -> JSONResponse:
         is_ready = state.is_ready and not state.is_draining and state.scheduler.worker_error is None
-        body = {"ready": is_ready, "model": state.model.model_id, "max_streams": cfg.max_streams, "max_queued": cfg.max_queued}
+        body = {
+            "ready": is_ready,
+            "model": state.model.model_id,
+            "max_streams": cfg.max_streams,
+            "max_queued": cfg.max_queued,
+        }
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @app.get("/metrics")
@@ -103,7 +110,12 @@ def build_http_app(state: ServerState) -> FastAPI:
             _auth(request)
         except ApiError as exc:
             return _error_response(exc, request_id)
-        return JSONResponse({"object": "list", "data": [{"id": state.model.model_id, "object": "model", "owned_by": "tilevox", "created": 0}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": state.model.model_id, "object": "model", "owned_by": "tilevox", "created": 0}],
+            }
+        )
 
     @app.get("/v1/audio/voices")
     async def voices(request: Request) -> JSONResponse:
@@ -122,7 +134,9 @@ def build_http_app(state: ServerState) -> FastAPI:
             try:  # a body shorter than its Content-Length must not hold the connection for ever
                 raw = await asyncio.wait_for(_read_body(request), timeout=cfg.idle_timeout_s)
             except TimeoutError:
-                raise ApiError(408, f"request body not received within {cfg.idle_timeout_s:g} s", code="request_timeout") from None
+                raise ApiError(
+                    408, f"request body not received within {cfg.idle_timeout_s:g} s", code="request_timeout"
+                ) from None
             params = parse_speech_request(
                 loads_json(raw),
                 catalog=state.catalog,
@@ -131,28 +145,48 @@ def build_http_app(state: ServerState) -> FastAPI:
                 default_max_duration_s=cfg.default_max_duration_s,
                 default_pcm_rate_hz=OPENAI_PCM_RATE_HZ,
             )
-            encoder = StreamEncoder(params.response_format, in_rate_hz=state.model.sample_rate_hz, out_rate_hz=params.sample_rate_hz)
+            encoder = StreamEncoder(
+                params.response_format, in_rate_hz=state.model.sample_rate_hz, out_rate_hz=params.sample_rate_hz
+            )
             handle = state.scheduler.submit(params.request, ticket=request.headers.get("x-tilevox-ticket"))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a 4xx/5xx JSON body naming the request id
             return _rejected(exc, request_id)
-        log_event(log, "speech.accepted", request_id=request_id, chars=len(params.request.text), format=params.response_format.value, stream_format=params.stream_format)
+        log_event(
+            log,
+            "speech.accepted",
+            request_id=request_id,
+            chars=len(params.request.text),
+            format=params.response_format.value,
+            stream_format=params.stream_format,
+        )
         headers = {"x-request-id": request_id, "x-sample-rate": str(params.sample_rate_hz), "cache-control": "no-store"}
         if not params.stream:
             return await _whole_file(handle, params, request_id, headers)
         is_sse = params.stream_format == StreamFormat.SSE
-        body_iter = _sse_body(handle, encoder, params.response_format.value, request_id) if is_sse else _audio_body(handle, encoder, request_id)
+        body_iter = (
+            _sse_body(handle, encoder, params.response_format.value, request_id)
+            if is_sse
+            else _audio_body(handle, encoder, request_id)
+        )
         media_type = "text/event-stream" if is_sse else params.response_format.content_type
         return StreamingResponse(body_iter, media_type=media_type, headers=headers)
 
     async def _whole_file(handle: StreamHandle, params, request_id: str, headers: dict) -> Response:
         try:
             samples = await handle.collect()
-            data = encode_all(params.response_format, samples, in_rate_hz=state.model.sample_rate_hz, out_rate_hz=params.sample_rate_hz)
+            data = encode_all(
+                params.response_format,
+                samples,
+                in_rate_hz=state.model.sample_rate_hz,
+                out_rate_hz=params.sample_rate_hz,
+            )
         except Exception as exc:  # noqa: BLE001 - nothing was sent yet: a plain error response
             _finished(handle, request_id)
             mapped = map_exception(exc, request_id)
             _log_mapped(mapped, exc, request_id, "speech.failed")
-            return JSONResponse(mapped.openai_body(), status_code=mapped.http_status, headers={"x-request-id": request_id})
+            return JSONResponse(
+                mapped.openai_body(), status_code=mapped.http_status, headers={"x-request-id": request_id}
+            )
         _finished(handle, request_id)
         return Response(data, media_type=params.response_format.content_type, headers=headers)
 
@@ -181,17 +215,25 @@ def build_http_app(state: ServerState) -> FastAPI:
                 async for samples in handle:
                     data = encoder.encode(samples)
                     if data:
-                        yield event("speech.audio.delta", {"audio": base64.b64encode(data).decode(), "response_format": fmt})
+                        yield event(
+                            "speech.audio.delta", {"audio": base64.b64encode(data).decode(), "response_format": fmt}
+                        )
                 tail = encoder.finish()
                 if tail:
-                    yield event("speech.audio.delta", {"audio": base64.b64encode(tail).decode(), "response_format": fmt})
+                    yield event(
+                        "speech.audio.delta", {"audio": base64.b64encode(tail).decode(), "response_format": fmt}
+                    )
             except Exception as exc:  # noqa: BLE001 - reported in-band: the stream ends with an error event
                 mapped = map_exception(exc, request_id)
                 _log_mapped(mapped, exc, request_id, "speech.aborted")
                 yield event("speech.audio.error", mapped.openai_body())
                 return
             frames = handle.stats.num_frames if handle.stats else 0
-            usage = {"input_tokens": len(handle.request.text), "output_tokens": frames, "total_tokens": len(handle.request.text) + frames}
+            usage = {
+                "input_tokens": len(handle.request.text),
+                "output_tokens": frames,
+                "total_tokens": len(handle.request.text) + frames,
+            }
             yield event("speech.audio.done", {"usage": usage})
         finally:
             _finished(handle, request_id)

@@ -44,5 +44,7 @@ def configure_logging(level: int = logging.INFO) -> None:
     logging.captureWarnings(True)
 
 
-def log_event(logger: logging.Logger, event: str, *, level: int = logging.INFO, exc_info: BaseException | None = None, **fields) -> None:
+def log_event(
+    logger: logging.Logger, event: str, *, level: int = logging.INFO, exc_info: BaseException | None = None, **fields
+) -> None:
     logger.log(level, event, exc_info=exc_info, extra={"fields": fields})

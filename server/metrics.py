@@ -24,15 +24,29 @@ class ServerMetrics:
     def __init__(self, *, window_s: float = 5.0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.ttfa_seconds = Histogram("tilevox_time_to_first_audio_seconds", "Request accepted to first audio produced", buckets=_TTFA_BUCKETS_S, registry=r)
-        self.rtf = Histogram("tilevox_request_real_time_factor", "Per-request wall time over audio duration", buckets=_RTF_BUCKETS, registry=r)
+        self.ttfa_seconds = Histogram(
+            "tilevox_time_to_first_audio_seconds",
+            "Request accepted to first audio produced",
+            buckets=_TTFA_BUCKETS_S,
+            registry=r,
+        )
+        self.rtf = Histogram(
+            "tilevox_request_real_time_factor",
+            "Per-request wall time over audio duration",
+            buckets=_RTF_BUCKETS,
+            registry=r,
+        )
         self.active_streams = Gauge("tilevox_active_streams", "Streams in the running batch", registry=r)
         self.queue_depth = Gauge("tilevox_queue_depth", "Accepted streams waiting for a slot", registry=r)
         self.frames_total = Counter("tilevox_frames_total", "Codec frames generated", registry=r)
         self.audio_seconds_total = Counter("tilevox_audio_seconds_total", "Seconds of audio generated", registry=r)
         self.step_seconds_total = Counter("tilevox_step_seconds_total", "Model step wall time", registry=r)
-        self.frames_per_second = Gauge("tilevox_frames_per_second", "Frames generated per second over the last window", registry=r)
-        self.requests_total = Counter("tilevox_requests_total", "Finished streams by API and outcome", ["api", "outcome"], registry=r)
+        self.frames_per_second = Gauge(
+            "tilevox_frames_per_second", "Frames generated per second over the last window", registry=r
+        )
+        self.requests_total = Counter(
+            "tilevox_requests_total", "Finished streams by API and outcome", ["api", "outcome"], registry=r
+        )
         self._window_s = window_s
         self._window: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.Lock()

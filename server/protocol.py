@@ -17,7 +17,15 @@ from tilevox.models.streaming import SynthesisRequest
 from tilevox.server.audio import AudioFormat, check_rate, supported_rates
 from tilevox.server.voices import VoiceCatalog
 
-__all__ = ["MAX_JSON_DEPTH", "ApiError", "SpeechParams", "StreamFormat", "check_text", "loads_json", "parse_speech_request"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "ApiError",
+    "SpeechParams",
+    "StreamFormat",
+    "check_text",
+    "loads_json",
+    "parse_speech_request",
+]
 
 MULAW_RATE_HZ = 8000  # telephony
 OPENAI_PCM_RATE_HZ = 24000  # OpenAI defines raw `pcm` as 24 kHz s16le mono; its clients play it at that rate
@@ -27,7 +35,15 @@ MAX_JSON_DEPTH = 32  # nesting of a request body or WebSocket message; deeper is
 class ApiError(Exception):
     """A client error with everything an OpenAI-style error body needs."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None, type_: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -79,7 +95,9 @@ def check_text(text: str, *, param: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ApiError(400, f"{param} contains an unpaired surrogate at position {exc.start}; send valid Unicode", param=param) from None
+        raise ApiError(
+            400, f"{param} contains an unpaired surrogate at position {exc.start}; send valid Unicode", param=param
+        ) from None
     if "\x00" in text:
         raise ApiError(400, f"{param} contains a NUL character", param=param)
     return text
@@ -100,9 +118,23 @@ class SpeechParams:
 
 
 _KNOWN_FIELDS = {
-    "model", "input", "voice", "instructions", "response_format", "speed", "stream_format", "stream",
-    "seed", "language", "temperature", "top_k", "top_p", "repetition_penalty", "max_duration_s",
-    "max_new_tokens", "sample_rate",
+    "model",
+    "input",
+    "voice",
+    "instructions",
+    "response_format",
+    "speed",
+    "stream_format",
+    "stream",
+    "seed",
+    "language",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "max_duration_s",
+    "max_new_tokens",
+    "sample_rate",
 }
 
 
@@ -110,7 +142,11 @@ def _number(body: dict, name: str, kind: type, default):
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (kind is int and not float(value).is_integer())
+    ):
         raise ApiError(400, f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}", param=name)
     if isinstance(value, float) and not math.isfinite(value):
         raise ApiError(400, f"{name} must be finite", param=name)
@@ -139,18 +175,28 @@ def parse_speech_request(
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "model must be a string", param="model")
     if not catalog.is_served_model(model):
-        raise ApiError(404, f"model {model!r} does not exist; this server serves {catalog.model_id!r}", param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"model {model!r} does not exist; this server serves {catalog.model_id!r}",
+            param="model",
+            code="model_not_found",
+        )
     text = body.get("input", "placeholder" if not require_input else None)
     if not isinstance(text, str) or not text.strip():
         raise ApiError(400, "input must be a non-empty string", param="input")
     check_text(text, param="input")
     if len(text) > max_text_chars:
-        raise ApiError(400, f"input is {len(text)} characters; the limit is {max_text_chars}", param="input", code="string_above_max_length")
+        raise ApiError(
+            400,
+            f"input is {len(text)} characters; the limit is {max_text_chars}",
+            param="input",
+            code="string_above_max_length",
+        )
     voice = body.get("voice")
     if isinstance(voice, dict):  # OpenAI's custom-voice object form {"id": ...}
         voice = voice.get("id")
     if voice is not None and not isinstance(voice, str):
-        raise ApiError(400, "voice must be a string or {\"id\": string}", param="voice")
+        raise ApiError(400, 'voice must be a string or {"id": string}', param="voice")
     try:
         model_voice = catalog.resolve_voice(voice)
     except ValueError as exc:
@@ -163,7 +209,9 @@ def parse_speech_request(
         fmt = AudioFormat(fmt_name)
     except ValueError:
         names = ", ".join(f.value for f in AudioFormat)
-        raise ApiError(400, f"response_format {fmt_name!r} is not supported; choose one of {names}", param="response_format") from None
+        raise ApiError(
+            400, f"response_format {fmt_name!r} is not supported; choose one of {names}", param="response_format"
+        ) from None
     stream_format = body.get("stream_format")
     stream_format = StreamFormat.AUDIO if stream_format is None else stream_format
     if stream_format not in (StreamFormat.AUDIO, StreamFormat.SSE):
@@ -222,4 +270,6 @@ def parse_speech_request(
     except ValueError as exc:  # SamplingParams / SynthesisRequest validation names its field first
         field = str(exc).split(" ", 1)[0]
         raise ApiError(400, str(exc), param=field if field in _KNOWN_FIELDS else None) from exc
-    return SpeechParams(request=request, response_format=fmt, sample_rate_hz=sample_rate, stream_format=stream_format, stream=stream)
+    return SpeechParams(
+        request=request, response_format=fmt, sample_rate_hz=sample_rate, stream_format=stream_format, stream=stream
+    )

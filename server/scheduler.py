@@ -32,7 +32,13 @@ from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, Synt
 from tilevox.server.metrics import ServerMetrics
 
 __all__ = [
-    "OverloadedError", "Scheduler", "ShuttingDownError", "StreamHandle", "StreamStats", "StreamTruncated", "SynthesisFailed",
+    "OverloadedError",
+    "Scheduler",
+    "ShuttingDownError",
+    "StreamHandle",
+    "StreamStats",
+    "StreamTruncated",
+    "SynthesisFailed",
 ]
 
 log = logging.getLogger("tilevox.scheduler")
@@ -89,7 +95,9 @@ class StreamStats:
             "num_frames": self.num_frames,
             "audio_duration_s": round(self.audio_duration_s, 4),
             "queue_wait_ms": round(self.queue_wait_s * 1e3, 2),
-            "time_to_first_audio_ms": None if np.isnan(self.time_to_first_audio_s) else round(self.time_to_first_audio_s * 1e3, 2),
+            "time_to_first_audio_ms": None
+            if np.isnan(self.time_to_first_audio_s)
+            else round(self.time_to_first_audio_s * 1e3, 2),
             "wall_time_ms": round(self.wall_time_s * 1e3, 2),
             "real_time_factor": round(self.real_time_factor, 4) if self.num_samples else None,
             "finish_reason": self.finish_reason.value,
@@ -104,7 +112,9 @@ class StreamHandle:
     (never empty) until the stream finishes; then `handle.stats` is set. Raises SynthesisFailed
     if the model failed. `cancel()` is safe from any thread and idempotent."""
 
-    def __init__(self, scheduler: Scheduler, handle_id: int, request: SynthesisRequest, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self, scheduler: Scheduler, handle_id: int, request: SynthesisRequest, loop: asyncio.AbstractEventLoop
+    ):
         self.handle_id = handle_id
         self.request = request
         self._scheduler = scheduler
@@ -187,7 +197,9 @@ class Scheduler:
         self._unfinished: dict[int, StreamHandle] = {}  # every handle not yet ended, wherever it is
         self._ids = itertools.count(1)
         self._finish_times: collections.deque[float] = collections.deque(maxlen=4096)  # monotonic, for Retry-After
-        self._tickets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()  # -> (first attempt, expires)
+        self._tickets: collections.OrderedDict[str, tuple[float, float]] = (
+            collections.OrderedDict()
+        )  # -> (first attempt, expires)
         self._accepting = True
         self._stop = False
         self.worker_error: BaseException | None = None  # set if the worker loop itself died
@@ -235,14 +247,18 @@ class Scheduler:
                 self._tickets[new_ticket] = (redeemed[0] if redeemed else now, now + retry_after_s + TICKET_TTL_S)
                 raise OverloadedError(
                     f"server busy: {self.max_active} streams running and {self.max_queued} queued; "
-                    f"retry in {retry_after_s:.1f} s", retry_after_s=retry_after_s, ticket=new_ticket,
+                    f"retry in {retry_after_s:.1f} s",
+                    retry_after_s=retry_after_s,
+                    ticket=new_ticket,
                 )
             handle = StreamHandle(self, next(self._ids), request, loop)
             if redeemed is None:
                 self._pending.append(handle)
             else:  # back in the line at its first attempt's place
                 handle.holds_ticket, handle.queue_order = True, redeemed[0]
-                index = next((i for i, h in enumerate(self._pending) if h.queue_order > handle.queue_order), len(self._pending))
+                index = next(
+                    (i for i, h in enumerate(self._pending) if h.queue_order > handle.queue_order), len(self._pending)
+                )
                 self._pending.insert(index, handle)
             self._unfinished[handle.handle_id] = handle
             self._update_gauges()
@@ -326,9 +342,12 @@ class Scheduler:
         self._unfinished.pop(handle.handle_id, None)
         self._finish_times.append(time.monotonic())
         if handle.is_truncated:
-            handle._deliver(StreamTruncated(
-                f"stream cut by the server after {handle.num_samples / self.model.sample_rate_hz:.2f} s of audio "
-                "(server shutting down: the drain deadline passed)"))
+            handle._deliver(
+                StreamTruncated(
+                    f"stream cut by the server after {handle.num_samples / self.model.sample_rate_hz:.2f} s of audio "
+                    "(server shutting down: the drain deadline passed)"
+                )
+            )
         else:
             handle._deliver(stats)
         if self.metrics is not None:
@@ -336,9 +355,13 @@ class Scheduler:
 
     def _fail(self, handle: StreamHandle, exc: BaseException) -> None:
         handle.stats = StreamStats(
-            num_frames=handle.num_frames, num_samples=handle.num_samples, sample_rate_hz=self.model.sample_rate_hz,
-            queue_wait_s=float("nan"), time_to_first_audio_s=float("nan"),
-            wall_time_s=time.perf_counter() - handle.submitted_at, finish_reason=FinishReason.CANCELLED,
+            num_frames=handle.num_frames,
+            num_samples=handle.num_samples,
+            sample_rate_hz=self.model.sample_rate_hz,
+            queue_wait_s=float("nan"),
+            time_to_first_audio_s=float("nan"),
+            wall_time_s=time.perf_counter() - handle.submitted_at,
+            finish_reason=FinishReason.CANCELLED,
         )
         self._unfinished.pop(handle.handle_id, None)
         handle._deliver(SynthesisFailed(f"synthesis failed: {type(exc).__name__}: {exc}"))

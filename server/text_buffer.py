@@ -14,7 +14,72 @@ import re
 __all__ = ["ABBREVIATIONS", "PhraseBuffer"]
 
 ABBREVIATIONS = frozenset(
-    ["mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "a.m", "p.m", "no", "nos", "fig", "figs", "approx", "dept", "est", "inc", "ltd", "co", "corp", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "mon", "tue", "wed", "thu", "fri", "sat", "sun", "gen", "col", "lt", "sgt", "capt", "cmdr", "rev", "hon", "mt", "ft", "vol", "ch", "sec", "pp", "ed", "eds", "al", "cf", "viz", "ca"]
+    [
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "vs",
+        "etc",
+        "e.g",
+        "i.e",
+        "a.m",
+        "p.m",
+        "no",
+        "nos",
+        "fig",
+        "figs",
+        "approx",
+        "dept",
+        "est",
+        "inc",
+        "ltd",
+        "co",
+        "corp",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+        "mon",
+        "tue",
+        "wed",
+        "thu",
+        "fri",
+        "sat",
+        "sun",
+        "gen",
+        "col",
+        "lt",
+        "sgt",
+        "capt",
+        "cmdr",
+        "rev",
+        "hon",
+        "mt",
+        "ft",
+        "vol",
+        "ch",
+        "sec",
+        "pp",
+        "ed",
+        "eds",
+        "al",
+        "cf",
+        "viz",
+        "ca",
+    ]
 )
 
 # Sentence punctuation, optional closers, then the whitespace that confirms the boundary.
@@ -74,7 +139,11 @@ class PhraseBuffer:
             if len(self._buf[:end].strip()) < self.min_chars:
                 continue
             punct = match.group(0)
-            if punct.startswith(".") and punct.rstrip("\"'”’)]") == "." and _is_abbreviation(self._buf[: match.start() + 1]):
+            if (
+                punct.startswith(".")
+                and punct.rstrip("\"'”’)]") == "."
+                and _is_abbreviation(self._buf[: match.start() + 1])
+            ):
                 continue
             if end > self.max_chars:
                 break

@@ -27,7 +27,21 @@ __all__ = ["NVIDIA_VOICES", "OPENAI_MODELS", "OPENAI_VOICES", "VoiceCatalog", "v
 
 log = logging.getLogger("tilevox.voices")
 
-OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse", "marin", "cedar")
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "onyx",
+    "nova",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
 # English (EN-US) voices of NVIDIA's hosted Magpie-Multilingual catalog, the frameworks' defaults among them
 NVIDIA_VOICES = ("aria", "diego", "isabela", "jason", "leo", "louise", "mia", "pascal", "ray", "sofia")
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "tilevox")
@@ -80,10 +94,14 @@ class VoiceCatalog:
             self._warn_once(name, "voice.catalog_name_mapped", served=served or "default")
             return served
         if lenient:
-            self._warn_once(name, "voice.unknown_served_default", served="default", hint="--strict-voices refuses unknown voices")
+            self._warn_once(
+                name, "voice.unknown_served_default", served="default", hint="--strict-voices refuses unknown voices"
+            )
             return None
         known = ", ".join(self.model_voices + OPENAI_VOICES)
-        raise ValueError(f"unknown voice {name!r}; known voices: {known} (and NVIDIA catalog names such as Magpie-Multilingual.EN-US.Aria)")
+        raise ValueError(
+            f"unknown voice {name!r}; known voices: {known} (and NVIDIA catalog names such as Magpie-Multilingual.EN-US.Aria)"
+        )
 
     def _warn_once(self, name: str, event: str, **fields) -> None:
         """One warning per client voice name for the life of the process (not one per request)."""
@@ -107,6 +125,8 @@ class VoiceCatalog:
     def listed(self) -> list[dict]:
         own = [{"id": v, "name": v, "kind": "model"} for v in (self.model_voices or ("default",))]
         aliases = [{"id": v, "name": v, "kind": "openai_alias", "maps_to": m} for v, m in self.mapping().items()]
-        nvidia = [{"id": f"Magpie-Multilingual.EN-US.{v}", "name": v, "kind": "nvidia_alias", "maps_to": m}
-                  for v, m in self.nvidia_mapping().items()]
+        nvidia = [
+            {"id": f"Magpie-Multilingual.EN-US.{v}", "name": v, "kind": "nvidia_alias", "maps_to": m}
+            for v, m in self.nvidia_mapping().items()
+        ]
         return own + aliases + nvidia

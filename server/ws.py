@@ -60,8 +60,17 @@ class _Player:
         if mapped.unexpected:
             log_event(log, "ws.failed", level=logging.ERROR, exc_info=exc, request_id=self.session.request_id)
         else:
-            log_event(log, "ws.error", level=logging.WARNING, request_id=self.session.request_id, code=mapped.code, error=mapped.message)
-        await self.send_event({"type": "error", "code": mapped.code, "message": mapped.message, "status": mapped.http_status})
+            log_event(
+                log,
+                "ws.error",
+                level=logging.WARNING,
+                request_id=self.session.request_id,
+                code=mapped.code,
+                error=mapped.message,
+            )
+        await self.send_event(
+            {"type": "error", "code": mapped.code, "message": mapped.message, "status": mapped.http_status}
+        )
 
     def note_text(self) -> None:
         if self.utterance_started_at is None:
@@ -101,11 +110,15 @@ class _Player:
             return
         params = self.session.params
         if self.encoder is None:
-            self.encoder = StreamEncoder(params.response_format, in_rate_hz=self.state.model.sample_rate_hz, out_rate_hz=params.sample_rate_hz)
+            self.encoder = StreamEncoder(
+                params.response_format, in_rate_hz=self.state.model.sample_rate_hz, out_rate_hz=params.sample_rate_hz
+            )
             self.utt = {"phrases": 0, "num_frames": 0, "audio_s": 0.0, "first_audio_ms": None}
             if self.utterance_started_at is None:
                 self.utterance_started_at = time.perf_counter()
-        request = dataclasses.replace(params.request, text=item.text, seed=(params.request.seed + self.phrase_idx) % (2**63))
+        request = dataclasses.replace(
+            params.request, text=item.text, seed=(params.request.seed + self.phrase_idx) % (2**63)
+        )
         self.phrase_idx += 1
         handle = self.state.scheduler.submit(request)
         self.current = handle
@@ -153,8 +166,13 @@ async def serve_websocket(ws: WebSocket, state: ServerState) -> None:
         return
     await ws.accept()
     cfg = state.config
-    limits = WsLimits(catalog=state.catalog, native_rate_hz=state.model.sample_rate_hz, max_text_chars=cfg.max_text_chars,
-                      max_message_bytes=cfg.max_message_bytes, default_max_duration_s=cfg.default_max_duration_s)
+    limits = WsLimits(
+        catalog=state.catalog,
+        native_rate_hz=state.model.sample_rate_hz,
+        max_text_chars=cfg.max_text_chars,
+        max_message_bytes=cfg.max_message_bytes,
+        default_max_duration_s=cfg.default_max_duration_s,
+    )
     session = WsSession(limits, request_id=request_id, model_id=state.model.model_id)
     player = _Player(ws, state, session)
     player_task = asyncio.create_task(player.run())
@@ -166,11 +184,19 @@ async def serve_websocket(ws: WebSocket, state: ServerState) -> None:
             receive = receive or asyncio.create_task(ws.receive())
             idle_for = time.monotonic() - player.last_activity
             wait_s = 1.0 if player.busy else max(0.0, cfg.idle_timeout_s - idle_for)
-            done, _ = await asyncio.wait({receive, player_task}, timeout=min(wait_s, 1.0), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {receive, player_task}, timeout=min(wait_s, 1.0), return_when=asyncio.FIRST_COMPLETED
+            )
             if receive not in done:
                 if not player.busy and time.monotonic() - player.last_activity >= cfg.idle_timeout_s:
-                    await player.send_event({"type": "error", "code": "idle_timeout", "status": 408,
-                                             "message": f"no message and no audio for {cfg.idle_timeout_s:g} s"})
+                    await player.send_event(
+                        {
+                            "type": "error",
+                            "code": "idle_timeout",
+                            "status": 408,
+                            "message": f"no message and no audio for {cfg.idle_timeout_s:g} s",
+                        }
+                    )
                     break
                 continue
             frame, receive = receive.result(), None

@@ -27,7 +27,13 @@ from tilevox.server.voices import VoiceCatalog
 
 __all__ = ["Cancel", "Close", "EndUtterance", "Heard", "SendEvent", "Speak", "WsLimits", "WsSession"]
 
-ALIASES = {"session.config": "config", "input.text": "text", "input.done": "flush", "input.cancel": "cancel", "session.close": "close"}
+ALIASES = {
+    "session.config": "config",
+    "input.text": "text",
+    "input.done": "flush",
+    "input.cancel": "cancel",
+    "session.close": "close",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,21 +112,36 @@ class WsSession:
             if "input" in body:
                 raise ApiError(400, "config must not carry input; send it in text messages", param="input")
             self.params = parse_speech_request(
-                body, catalog=self.limits.catalog, native_rate_hz=self.limits.native_rate_hz,
-                max_text_chars=self.limits.max_text_chars, default_max_duration_s=self.limits.default_max_duration_s,
-                default_format=AudioFormat.PCM, require_input=False,
+                body,
+                catalog=self.limits.catalog,
+                native_rate_hz=self.limits.native_rate_hz,
+                max_text_chars=self.limits.max_text_chars,
+                default_max_duration_s=self.limits.default_max_duration_s,
+                default_format=AudioFormat.PCM,
+                require_input=False,
             )
-            return [SendEvent({"type": "started", "request_id": self.request_id, "model": self.model_id,
-                               "format": self.params.response_format.value, "sample_rate": self.params.sample_rate_hz})]
+            return [
+                SendEvent(
+                    {
+                        "type": "started",
+                        "request_id": self.request_id,
+                        "model": self.model_id,
+                        "format": self.params.response_format.value,
+                        "sample_rate": self.params.sample_rate_hz,
+                    }
+                )
+            ]
         if self.params is None:
-            raise ApiError(400, "the first message must be {\"type\": \"config\", ...}")
+            raise ApiError(400, 'the first message must be {"type": "config", ...}')
         if kind == "text":
             text = msg.get("text")
             if not isinstance(text, str):
                 raise ApiError(400, "text must be a string", param="text")
             check_text(text, param="text")
             if len(self.buffer.pending) + len(text) > self.limits.max_text_chars:
-                raise ApiError(400, f"buffered text exceeds {self.limits.max_text_chars} characters; send flush", param="text")
+                raise ApiError(
+                    400, f"buffered text exceeds {self.limits.max_text_chars} characters; send flush", param="text"
+                )
             return [Heard(), *(Speak(phrase, self.generation) for phrase in self.buffer.push(text))]
         if kind == "flush":
             tail = self.buffer.flush()
@@ -134,4 +155,6 @@ class WsSession:
         raise ApiError(400, f"unknown message type {msg['type']!r}", param="type")
 
     def _error(self, exc: ApiError) -> SendEvent:
-        return error_event(exc.code or "invalid_request", exc.message, exc.status, **({"param": exc.param} if exc.param else {}))
+        return error_event(
+            exc.code or "invalid_request", exc.message, exc.status, **({"param": exc.param} if exc.param else {})
+        )

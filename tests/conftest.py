@@ -10,8 +10,11 @@ import torch
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "requires_megakernel: needs the CUDA megakernel (Hopper + a kernel library with it); "
-                                       "skipped with the runtime's own reason elsewhere")
+    config.addinivalue_line(
+        "markers",
+        "requires_megakernel: needs the CUDA megakernel (Hopper + a kernel library with it); "
+        "skipped with the runtime's own reason elsewhere",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

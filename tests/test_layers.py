@@ -25,14 +25,24 @@ def _installed_layout(dest: Path) -> Path:
     root.mkdir(parents=True)
     shutil.copy(REPO / "tilevox" / "__init__.py", root / "__init__.py")
     for folder in FOLDERS:
-        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__", "build", "csrc", "*.so", "*.json"))
+        shutil.copytree(
+            REPO / folder,
+            root / folder,
+            ignore=shutil.ignore_patterns("__pycache__", "build", "csrc", "*.so", "*.json"),
+        )
     return root
 
 
 def _lint(site: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(site)}
-    return subprocess.run([str(LINT_IMPORTS), str(REPO / ".importlinter"), "--no-cache"], cwd=site,
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT_IMPORTS), str(REPO / ".importlinter"), "--no-cache"],
+        cwd=site,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed (it comes with the `test` extra)")

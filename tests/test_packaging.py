@@ -41,9 +41,15 @@ def _floor(requirement_name: str) -> tuple[int, ...]:
 
 def test_riva_stubs_are_current():
     if importlib.util.find_spec("grpc_tools") is None:
-        pytest.skip("grpcio-tools is not installed (pip install grpcio-tools): cannot regenerate the Riva stubs to compare")
+        pytest.skip(
+            "grpcio-tools is not installed (pip install grpcio-tools): cannot regenerate the Riva stubs to compare"
+        )
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "gen_riva_proto.py"), "--check"], check=False, capture_output=True, text=True, timeout=60
+        [sys.executable, str(REPO / "scripts" / "gen_riva_proto.py"), "--check"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -56,14 +62,19 @@ def test_riva_stubs_load_on_the_declared_dependency_floors():
         m = re.search(r"Domain\.PUBLIC,\n\s*(\d+),\n\s*(\d+),\n\s*(\d+),", text)
         assert m, f"{name}: no protobuf version stamp"
         assert tuple(map(int, m.groups())) <= _floor("protobuf"), f"{name} needs protobuf {'.'.join(m.groups())}"
-    m = re.search(r"^GRPC_GENERATED_VERSION = '([\d.]+)'$", (RIVA_PROTO / "riva_tts_pb2_grpc.py").read_text(), re.MULTILINE)
+    m = re.search(
+        r"^GRPC_GENERATED_VERSION = '([\d.]+)'$", (RIVA_PROTO / "riva_tts_pb2_grpc.py").read_text(), re.MULTILINE
+    )
     assert m and tuple(map(int, m.group(1).split("."))) <= _floor("grpcio"), m
 
 
 def test_riva_stubs_are_byte_identical_to_nvidia_riva_client():
     # protobuf's pool is process-global: the stock client's modules and ours register the same file
     # names, which it accepts only for identical descriptors (tests/server/test_grpc.py needs both).
-    pytest.importorskip("riva.client.proto", reason="nvidia-riva-client (requirements/riva-client-nodeps.txt) is the stock client to compare with")
+    pytest.importorskip(
+        "riva.client.proto",
+        reason="nvidia-riva-client (requirements/riva-client-nodeps.txt) is the stock client to compare with",
+    )
     from riva.client.proto import riva_audio_pb2 as their_audio
     from riva.client.proto import riva_common_pb2 as their_common
     from riva.client.proto import riva_tts_pb2 as their_tts
@@ -73,7 +84,9 @@ def test_riva_stubs_are_byte_identical_to_nvidia_riva_client():
     for ours, other in ((riva_audio_pb2, their_audio), (riva_common_pb2, their_common), (riva_tts_pb2, their_tts)):
         assert ours.DESCRIPTOR.name == other.DESCRIPTOR.name
         assert ours.DESCRIPTOR.serialized_pb == other.DESCRIPTOR.serialized_pb, ours.DESCRIPTOR.name
-    request = their_tts.SynthesizeSpeechRequest(text="hi", custom_configuration={"seed": "3"}, enable_word_time_offsets=True)
+    request = their_tts.SynthesizeSpeechRequest(
+        text="hi", custom_configuration={"seed": "3"}, enable_word_time_offsets=True
+    )
     assert riva_tts_pb2.SynthesizeSpeechRequest.FromString(request.SerializeToString()) == request
 
 
@@ -83,7 +96,9 @@ def test_server_imports_no_riva_package():
         "bad = sorted(m for m in sys.modules if m == 'riva' or m.startswith('riva.'))\n"
         "assert not bad, bad\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -112,7 +127,9 @@ def test_qwen_tts_imports_with_torchaudio_absent():
         "assert left == {'torchaudio': None}, left\n"
     )
     env = os.environ | {"PYTHONPATH": str(REPO / "tests" / "models" / "qwen3_tts")}
-    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120, cwd=REPO, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -133,14 +150,19 @@ def _clone_files() -> list[str]:
         pytest.skip("needs a git checkout and git to list a fresh clone's files")
     out = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, capture_output=True, check=True, timeout=60,
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+        timeout=60,
     ).stdout.decode()
     return sorted(f for f in set(out.split("\0")) if f and (REPO / f).is_file())
 
 
 def _run(cmd: list[str], env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, check=False, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 
@@ -152,7 +174,11 @@ def test_wheel_installs_and_serves_in_a_clean_venv(tmp_path):
     for f in files:
         (src / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, src / f)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PIP_NO_CACHE_DIR", "TILEVOX_API_KEY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PIP_NO_CACHE_DIR", "TILEVOX_API_KEY")
+    }
     env |= {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "OMP_NUM_THREADS": "1"}
     work = tmp_path / "work"  # cwd of everything below: the checkout's tilevox/ folder must not shadow the install
     work.mkdir()
@@ -178,32 +204,101 @@ def test_wheel_installs_and_serves_in_a_clean_venv(tmp_path):
     _run(["bash", str(src / "scripts" / "install_cpu_torch.sh"), str(py)], env, work, 240)
     _run([str(py), "-m", "pip", "install", "--quiet", str(wheel)], env, work, 240)
 
-    where = _run([str(py), "-c", "import importlib.util, tilevox; print(tilevox.__file__); print(importlib.util.find_spec('riva'))"], env, work, 60)
+    where = _run(
+        [
+            str(py),
+            "-c",
+            "import importlib.util, tilevox; print(tilevox.__file__); print(importlib.util.find_spec('riva'))",
+        ],
+        env,
+        work,
+        60,
+    )
     location, riva = where.stdout.split()
     assert location.startswith(str(venv)) and riva == "None", where.stdout
     help_text = _run([str(tilevox), "--help"], env, work, 60).stdout
     assert "serve" in help_text and "synth" in help_text
     num_cu = sum(1 for f in files if f.startswith("trt_plugins/csrc/") and f.endswith(".cu"))
-    _run([str(py), "-c", f"from tilevox.trt_plugins.build import list_sources; assert len(list_sources()) == {num_cu}, list_sources()"], env, work, 60)
+    _run(
+        [
+            str(py),
+            "-c",
+            f"from tilevox.trt_plugins.build import list_sources; assert len(list_sources()) == {num_cu}, list_sources()",
+        ],
+        env,
+        work,
+        60,
+    )
 
     wav = work / "hello.wav"
-    _run([str(tilevox), "synth", "--model", "random:llama-tiny", "--text", "Hello there", "--out", str(wav),
-          "--max-duration", "0.5", "--device", "cpu", "--quiet"], env, work, 120)
+    _run(
+        [
+            str(tilevox),
+            "synth",
+            "--model",
+            "random:llama-tiny",
+            "--text",
+            "Hello there",
+            "--out",
+            str(wav),
+            "--max-duration",
+            "0.5",
+            "--device",
+            "cpu",
+            "--quiet",
+        ],
+        env,
+        work,
+        120,
+    )
     assert wav.read_bytes()[:4] == b"RIFF" and wav.stat().st_size > 44
 
     serve = subprocess.Popen(
-        [str(tilevox), "serve", "--model", "random:llama-tiny", "--device", "cpu", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0"],
-        env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            str(tilevox),
+            "serve",
+            "--model",
+            "random:llama-tiny",
+            "--device",
+            "cpu",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+        ],
+        env=env,
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         ports = None
-        for line in serve.stderr:  # JSON logs, then "tilevox: serving ... on http://H:P and grpc H:Q" once bound and ready
+        for (
+            line
+        ) in serve.stderr:  # JSON logs, then "tilevox: serving ... on http://H:P and grpc H:Q" once bound and ready
             m = re.search(r"on http://127\.0\.0\.1:(\d+) and grpc 127\.0\.0\.1:(\d+)", line)
             if m:
                 ports = m.groups()
                 break
         assert ports, f"tilevox serve exited {serve.poll()} before serving"
-        smoke = _run([str(py), str(src / "scripts" / "smoke_serve.py"), "--http-port", ports[0], "--grpc-port", ports[1], "--wait", "60"], env, work, 180)
+        smoke = _run(
+            [
+                str(py),
+                str(src / "scripts" / "smoke_serve.py"),
+                "--http-port",
+                ports[0],
+                "--grpc-port",
+                ports[1],
+                "--wait",
+                "60",
+            ],
+            env,
+            work,
+            180,
+        )
         assert '"websocket"' in smoke.stdout and '"grpc"' in smoke.stdout, smoke.stdout
     finally:
         serve.send_signal(signal.SIGTERM)

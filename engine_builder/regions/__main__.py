@@ -57,7 +57,9 @@ def _build(model: str, region: str) -> tuple[torch.nn.Module, RegionSpec]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tilevox.engine_builder.regions", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tilevox.engine_builder.regions", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--model", required=True)
     parser.add_argument("--region", required=True)
     parser.add_argument("--batch", type=int, default=1)

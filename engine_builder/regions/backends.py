@@ -128,8 +128,12 @@ def _checked_view(module: torch.nn.Module) -> DecoderView:
         raise MegakernelUnavailable(f"dtype {view.dtype} is not one of bf16, fp16, fp32")
     if view.head_dim % 2 or view.head_dim > MAX_HEAD_DIM:
         raise MegakernelUnavailable(f"head_dim {view.head_dim} is odd or above the kernel's {MAX_HEAD_DIM}")
-    widths = {"hidden_size": view.hidden_size, "intermediate_size": view.intermediate_size,
-              "input_size": view.input_size, "q width": view.num_heads * view.head_dim}  # fmt: skip
+    widths = {
+        "hidden_size": view.hidden_size,
+        "intermediate_size": view.intermediate_size,
+        "input_size": view.input_size,
+        "q width": view.num_heads * view.head_dim,
+    }
     for name, width in widths.items():
         if width > MAX_ROW_WIDTH:
             raise MegakernelUnavailable(f"{name} {width} exceeds the kernel's row staging of {MAX_ROW_WIDTH}")
@@ -178,9 +182,13 @@ class _RegionRunner:
         if batch not in self._compiled:
             try:
                 region = compile_region(
-                    self.module, self.spec, batch_size=batch, tiling=self.options.tiling, num_sms=self.num_sms,
+                    self.module,
+                    self.spec,
+                    batch_size=batch,
+                    tiling=self.options.tiling,
+                    num_sms=self.num_sms,
                     **self.compile_args,
-                )  # fmt: skip
+                )
             except ValueError as exc:
                 self._failed[batch] = f"batch {batch} does not compile: {exc}"
                 raise _CallUnsupported(self._failed[batch]) from exc
@@ -267,10 +275,16 @@ class MegakernelDecoderStep(_Backend):
         if self._cache is None:
             self._cache = cache
             self._runner = _RegionRunner(
-                self.llama, RegionSpec.full_step(1), device=self.llama.device, options=self.options,
-                compile_args={"max_context": cache.max_seq_len, "num_cache_slots": cache.k.shape[1],
-                              "cache_len": cache.max_seq_len},
-            )  # fmt: skip
+                self.llama,
+                RegionSpec.full_step(1),
+                device=self.llama.device,
+                options=self.options,
+                compile_args={
+                    "max_context": cache.max_seq_len,
+                    "num_cache_slots": cache.k.shape[1],
+                    "cache_len": cache.max_seq_len,
+                },
+            )
         elif cache is not self._cache:
             raise _CallUnsupported("the call's KV cache is not the one the region was bound to")
         return self._runner
@@ -320,10 +334,16 @@ class MegakernelTalkerStep(_Backend):
         if self._cache is None:
             self._cache = cache
             self._runner = _RegionRunner(
-                self.talker, RegionSpec(lm_head=True), device=self.device, options=self.options,
-                compile_args={"max_context": cache.max_len, "num_cache_slots": cache.num_slots,
-                              "cache_len": cache.max_len},
-            )  # fmt: skip
+                self.talker,
+                RegionSpec(lm_head=True),
+                device=self.device,
+                options=self.options,
+                compile_args={
+                    "max_context": cache.max_len,
+                    "num_cache_slots": cache.num_slots,
+                    "cache_len": cache.max_len,
+                },
+            )
         elif cache is not self._cache:
             raise _CallUnsupported("the call's KV cache is not the one the region was bound to")
         return self._runner

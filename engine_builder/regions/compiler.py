@@ -143,15 +143,26 @@ class _Builder:
         records = []
         for start, stop in _tiles(rows, tile_rows):
             n = stop - start
-            records.append({
-                "opcode": opcode, "layer": layer, "step": step, "tile_start": start, "tile_stop": stop,
-                "inputs": inputs, "outputs": outputs, "waits": waits,
-                "weight_bytes": num_mats * n * in_width * elt + (n * elt if bias else 0),
-                "activation_bytes": (batch * in_width * elt + (in_width * elt if norm else 0)
-                                     + (2 if residual else 1) * batch * n * elt
-                                     + (first_tile_extra_bytes if start == 0 else 0)),
-                "flops": 2 * num_mats * batch * n * in_width,
-            })  # fmt: skip
+            records.append(
+                {
+                    "opcode": opcode,
+                    "layer": layer,
+                    "step": step,
+                    "tile_start": start,
+                    "tile_stop": stop,
+                    "inputs": inputs,
+                    "outputs": outputs,
+                    "waits": waits,
+                    "weight_bytes": num_mats * n * in_width * elt + (n * elt if bias else 0),
+                    "activation_bytes": (
+                        batch * in_width * elt
+                        + (in_width * elt if norm else 0)
+                        + (2 if residual else 1) * batch * n * elt
+                        + (first_tile_extra_bytes if start == 0 else 0)
+                    ),
+                    "flops": 2 * num_mats * batch * n * in_width,
+                }
+            )
         return self.stage(records)
 
 

@@ -8,8 +8,6 @@ from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import random_llama
 
 
-
-
 @pytest.fixture(scope="session")
 def tiny_llama():
     """models.llama's "tiny" preset (GQA 4/2, llama3 rope with all three bands) in fp32, re-drawn as

@@ -26,7 +26,13 @@ from tilevox.models.llasa.loader import load_preset as load_llasa
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
 from tilevox.models.qwen3_tts.model import ModelOptions
-from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, TALKER_STEP, PredictorRows, set_region_backend
+from tilevox.models.region_backends import (
+    CODE_PREDICTOR_LOOP,
+    DECODER_STEP,
+    TALKER_STEP,
+    PredictorRows,
+    set_region_backend,
+)
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest, synthesize
 

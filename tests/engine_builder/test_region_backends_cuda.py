@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from tilevox.engine_builder.regions import BackendOptions, install_megakernel_regions
-from tilevox.engine_builder.regions.backends import MegakernelCodePredictorLoop, MegakernelDecoderStep, MegakernelTalkerStep
+from tilevox.engine_builder.regions.backends import (
+    MegakernelCodePredictorLoop,
+    MegakernelDecoderStep,
+    MegakernelTalkerStep,
+)
 from tilevox.models.llasa.loader import load_preset as load_llasa
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3

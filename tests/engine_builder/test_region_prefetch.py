@@ -50,7 +50,7 @@ def test_table_rows_follow_the_queues(tiny_llama):
                 assert table[q, pos, 2 * slot + 1].item() == (stop - first) * row_bytes
             for slot in range(len(ranges), 2):
                 assert table[q, pos, 2 * slot + 1].item() == 0
-        assert torch.all(table[q, len(queue):] == 0)
+        assert torch.all(table[q, len(queue) :] == 0)
     # Every range lies inside one bound tensor.
     for address, size in table.view(-1, 2).tolist():
         if size:

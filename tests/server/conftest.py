@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
+from tests.server.fake_model import FakeSpeechModel
 from tilevox.server.app import ServerHandle
 from tilevox.server.config import ServerConfig
-from tests.server.fake_model import FakeSpeechModel
 
 API_KEY = "test-key-123"
 
@@ -21,7 +21,15 @@ def free_port() -> int:
 
 
 def make_server(model, **overrides) -> ServerHandle:
-    kw = {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "max_streams": 4, "max_queued": 4, "idle_timeout_s": 5.0, "drain_timeout_s": 5.0}
+    kw = {
+        "host": "127.0.0.1",
+        "http_port": 0,
+        "grpc_port": 0,
+        "max_streams": 4,
+        "max_queued": 4,
+        "idle_timeout_s": 5.0,
+        "drain_timeout_s": 5.0,
+    }
     kw.update(overrides)
     return ServerHandle(ServerConfig(**kw), model).start()
 

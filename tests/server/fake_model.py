@@ -21,7 +21,14 @@ from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, Synt
 
 
 class FakeSpeechModel(SpeechModel):
-    def __init__(self, *, sample_rate_hz: int = 16000, frame_rate_hz: float = 50.0, max_streams: int = 64, step_delay_s: float = 0.0):
+    def __init__(
+        self,
+        *,
+        sample_rate_hz: int = 16000,
+        frame_rate_hz: float = 50.0,
+        max_streams: int = 64,
+        step_delay_s: float = 0.0,
+    ):
         self.model_id = "fake-tts"
         self.sample_rate_hz = sample_rate_hz
         self.frame_rate_hz = frame_rate_hz
@@ -55,7 +62,9 @@ class FakeSpeechModel(SpeechModel):
         sid = self._next_id
         self._next_id += 1
         self.open_at_step[sid] = len(self.step_log)
-        max_frames = min(len(request.text), int(request.max_duration_s * self.frame_rate_hz), request.sampling.max_new_tokens)
+        max_frames = min(
+            len(request.text), int(request.max_duration_s * self.frame_rate_hz), request.sampling.max_new_tokens
+        )
         key = zlib.crc32(f"{request.seed}|{request.voice}|{request.text}".encode())
         self._streams[sid] = {"key": key, "frame": 0, "max_frames": max(1, max_frames), "started": False}
         return sid
@@ -102,6 +111,8 @@ class FakeSpeechModel(SpeechModel):
 
     def expected(self, request: SynthesisRequest) -> np.ndarray:
         """The audio a solo run of `request` must produce."""
-        max_frames = max(1, min(len(request.text), int(request.max_duration_s * self.frame_rate_hz), request.sampling.max_new_tokens))
+        max_frames = max(
+            1, min(len(request.text), int(request.max_duration_s * self.frame_rate_hz), request.sampling.max_new_tokens)
+        )
         key = zlib.crc32(f"{request.seed}|{request.voice}|{request.text}".encode())
         return np.concatenate([self.frame_samples(key, k) for k in range(max_frames)])

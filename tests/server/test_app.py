@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from tilevox.server.config import ServerConfig
 from tests.server.conftest import free_port
 from tests.server.fake_model import FakeSpeechModel
+from tilevox.server.config import ServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,12 +86,29 @@ def test_config_validation(kwargs, match):
         ServerConfig(**kwargs)
 
 
-
 @pytest.mark.slow
 def test_tilevox_serve_then_readme_curl_gives_playable_wav(tmp_path):
     http_port, grpc_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "tilevox.server.cli", "serve", "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "tilevox.server.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
     try:
         base = f"http://127.0.0.1:{http_port}"
         deadline = time.monotonic() + 60
@@ -104,7 +121,17 @@ def test_tilevox_serve_then_readme_curl_gives_playable_wav(tmp_path):
             assert proc.poll() is None, proc.stdout.read()
             time.sleep(0.2)
         # the README's curl example, as JSON
-        r = httpx.post(base + "/v1/audio/speech", json={"model": "tts-1", "input": "Hello from tilevox.", "voice": "alloy", "response_format": "wav", "max_duration_s": 1}, timeout=30)
+        r = httpx.post(
+            base + "/v1/audio/speech",
+            json={
+                "model": "tts-1",
+                "input": "Hello from tilevox.",
+                "voice": "alloy",
+                "response_format": "wav",
+                "max_duration_s": 1,
+            },
+            timeout=30,
+        )
         assert r.status_code == 200
         path = tmp_path / "out.wav"
         path.write_bytes(r.content)
@@ -124,6 +151,23 @@ def test_tilevox_serve_then_readme_curl_gives_playable_wav(tmp_path):
 def test_serve_rejects_more_streams_than_the_model_supports(capsys):
     from tilevox.server.cli import main
 
-    assert main(["serve", "--model", "random:llama-tiny", "--device", "cpu", "--max-streams", "999", "--http-port", "0", "--grpc-port", "0"]) == 2
+    assert (
+        main(
+            [
+                "serve",
+                "--model",
+                "random:llama-tiny",
+                "--device",
+                "cpu",
+                "--max-streams",
+                "999",
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "0",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "tilevox: error: --max-streams 999 exceeds" in err

@@ -58,7 +58,9 @@ def test_pcm_and_wav_are_exact_and_chunking_invariant(rate):
 def test_whole_wav_has_exact_sizes():
     """encode_all (whole responses) knows the length: RIFF and data sizes are exact, unlike the streamed header."""
     empty = encode_all(AudioFormat.WAV, np.zeros(0, np.float32), in_rate_hz=16000)
-    assert struct.unpack("<4sI4s", empty[:12]) == (b"RIFF", 36, b"WAVE") and empty[-8:] == b"data" + struct.pack("<I", 0)
+    assert struct.unpack("<4sI4s", empty[:12]) == (b"RIFF", 36, b"WAVE") and empty[-8:] == b"data" + struct.pack(
+        "<I", 0
+    )
     tone = np.sin(np.arange(1000, dtype=np.float32) / 7)
     wav = encode_all(AudioFormat.WAV, tone, in_rate_hz=16000)
     assert struct.unpack("<I", wav[4:8])[0] == len(wav) - 8 and struct.unpack("<I", wav[40:44])[0] == 2000

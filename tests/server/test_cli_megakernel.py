@@ -20,8 +20,24 @@ PRESETS = ["llama-tiny", "qwen3-tts-tiny"]
 
 def _synth(tmp_path, preset: str, name: str, *extra: str, device: str = "cpu") -> tuple[int, np.ndarray]:
     out = tmp_path / f"{name}.wav"
-    code = main(["synth", "--model", f"random:{preset}", "--text", "Hello there", "--out", str(out),
-                 "--max-duration", "0.3", "--temperature", "0", "--device", device, *extra])  # fmt: skip
+    code = main(
+        [
+            "synth",
+            "--model",
+            f"random:{preset}",
+            "--text",
+            "Hello there",
+            "--out",
+            str(out),
+            "--max-duration",
+            "0.3",
+            "--temperature",
+            "0",
+            "--device",
+            device,
+            *extra,
+        ]
+    )
     return code, (soundfile.read(out, dtype="int16")[0] if code == 0 else np.zeros(0, dtype=np.int16))
 
 
@@ -37,10 +53,13 @@ def _warnings(caplog) -> list[str]:
     "preset, regions, message",
     [
         ("llama-tiny", "talker_step", "unknown megakernel region(s) 'talker_step'; valid: decoder_step, all, none"),
-        ("qwen3-tts-tiny", "talker_step,nope",
-         "unknown megakernel region(s) 'nope'; valid: talker_step, code_predictor_loop, all, none"),
+        (
+            "qwen3-tts-tiny",
+            "talker_step,nope",
+            "unknown megakernel region(s) 'nope'; valid: talker_step, code_predictor_loop, all, none",
+        ),
     ],
-)  # fmt: skip
+)
 def test_unknown_region_is_a_one_line_error(tmp_path, capsys, preset, regions, message):
     code, _ = _synth(tmp_path, preset, "bad", "--megakernel", regions)
     assert code == 2

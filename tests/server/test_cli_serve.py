@@ -16,19 +16,35 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tilevox.server.cli import main
 from tests.server.conftest import free_port
+from tilevox.server.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-
 def _serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, int, int]:
     http_port, grpc_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "tilevox.server.cli", "serve", "--host", "127.0.0.1", "--http-port", str(http_port),
-           "--grpc-port", str(grpc_port), *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=os.environ | {"OMP_NUM_THREADS": "1"} | (env or {}))
+    cmd = [
+        sys.executable,
+        "-m",
+        "tilevox.server.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"OMP_NUM_THREADS": "1"} | (env or {}),
+    )
     return proc, http_port, grpc_port
 
 
@@ -44,13 +60,16 @@ def _wait_ready(proc: subprocess.Popen, http_port: int, timeout_s: float = 60) -
     raise AssertionError("server not ready")
 
 
-@pytest.mark.parametrize("argv,env,message", [
-    (["--api-key", ""], {}, "--api-key is empty"),
-    (["--api-key", "   "], {}, "--api-key is empty"),
-    ([], {"TILEVOX_API_KEY": ""}, "TILEVOX_API_KEY is empty"),
-    (["--max-streams", "0"], {}, "--max-streams must be >= 1, got 0"),
-    (["--max-streams", "-3"], {}, "--max-streams must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv,env,message",
+    [
+        (["--api-key", ""], {}, "--api-key is empty"),
+        (["--api-key", "   "], {}, "--api-key is empty"),
+        ([], {"TILEVOX_API_KEY": ""}, "TILEVOX_API_KEY is empty"),
+        (["--max-streams", "0"], {}, "--max-streams must be >= 1, got 0"),
+        (["--max-streams", "-3"], {}, "--max-streams must be >= 1"),
+    ],
+)
 def test_bad_options_fail_before_the_model_loads(argv, env, message, capsys, monkeypatch):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -67,7 +86,10 @@ def test_a_taken_port_fails_fast_and_names_itself(which, capsys, monkeypatch):
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        ports = {"http": ["--http-port", str(port), "--grpc-port", "0"], "grpc": ["--http-port", "0", "--grpc-port", str(port)]}[which]
+        ports = {
+            "http": ["--http-port", str(port), "--grpc-port", "0"],
+            "grpc": ["--http-port", "0", "--grpc-port", str(port)],
+        }[which]
         assert main(["serve", "--host", "127.0.0.1", "--model", "random:llama-tiny", *ports]) == 2
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port}" in err and "serving" not in err
@@ -78,8 +100,24 @@ def test_a_second_server_cannot_share_the_grpc_port():
     first, http_port, grpc_port = _serve()
     try:
         _wait_ready(first, http_port)
-        second = subprocess.run([sys.executable, "-m", "tilevox.server.cli", "serve", "--host", "127.0.0.1", "--http-port",
-                                 str(free_port()), "--grpc-port", str(grpc_port)], cwd=REPO, capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tilevox.server.cli",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--http-port",
+                str(free_port()),
+                "--grpc-port",
+                str(grpc_port),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 2 and f"127.0.0.1:{grpc_port}" in second.stderr, second.stderr[-2000:]
     finally:
         first.send_signal(signal.SIGTERM)
@@ -88,7 +126,9 @@ def test_a_second_server_cannot_share_the_grpc_port():
 
 def _read_all(url: str, headers: dict, outcome: list) -> None:
     try:
-        with httpx.stream("POST", url, json={"input": "long " * 200, "max_duration_s": 60}, headers=headers, timeout=30) as r:
+        with httpx.stream(
+            "POST", url, json={"input": "long " * 200, "max_duration_s": 60}, headers=headers, timeout=30
+        ) as r:
             outcome.append(sum(len(b) for b in r.iter_bytes()))
     except httpx.HTTPError as exc:  # the forced exit cuts this stream
         outcome.append(type(exc).__name__)
@@ -147,6 +187,9 @@ def test_an_unexpected_error_shows_its_cause_and_exits_1(capsys, monkeypatch):
             raise RuntimeError("CUDA error: an illegal memory access was encountered") from inner
 
     monkeypatch.setattr("tilevox.models.streaming.synthesize", boom)
-    assert main(["synth", "--model", "random:llama-tiny", "--text", "hi", "--out", "/tmp/tilevox_cli_boom.wav", "--quiet"]) == 1
+    assert (
+        main(["synth", "--model", "random:llama-tiny", "--text", "hi", "--out", "/tmp/tilevox_cli_boom.wav", "--quiet"])
+        == 1
+    )
     err = capsys.readouterr().err
     assert "internal error: RuntimeError: CUDA error: an illegal memory access" in err and "caused by OSError" in err

@@ -12,8 +12,9 @@ from tilevox.server.cli import main
 @pytest.mark.parametrize("preset,rate", [("llama-tiny", 16000), ("qwen3-tts-tiny", 24000)])
 def test_synth_writes_wav(tmp_path, capsys, preset, rate):
     out = tmp_path / "x.wav"
-    code = main(["synth", "--model", f"random:{preset}", "--text", "Hello there", "--out", str(out),
-                 "--max-duration", "1.0"])
+    code = main(
+        ["synth", "--model", f"random:{preset}", "--text", "Hello there", "--out", str(out), "--max-duration", "1.0"]
+    )
     assert code == 0
     captured = capsys.readouterr()
     assert "random weights" in captured.err
@@ -34,7 +35,9 @@ def test_synth_writes_wav(tmp_path, capsys, preset, rate):
 def test_synth_bad_input_is_one_line(tmp_path, args, message):
     proc = subprocess.run(
         [sys.executable, "-m", "tilevox.server.cli", "synth", *args, "--out", str(tmp_path / "x.wav")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line and not line.startswith("warning:")]
@@ -47,9 +50,21 @@ def test_synth_unreadable_checkpoint(tmp_path):
     ckpt.mkdir()
     (ckpt / "config.json").write_text('{"model_type": "llama"}')
     proc = subprocess.run(
-        [sys.executable, "-m", "tilevox.server.cli", "synth", "--model", str(ckpt), "--text", "hi", "--out",
-         str(tmp_path / "x.wav")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "tilevox.server.cli",
+            "synth",
+            "--model",
+            str(ckpt),
+            "--text",
+            "hi",
+            "--out",
+            str(tmp_path / "x.wav"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("tilevox: error:") and len(proc.stderr.strip().splitlines()) == 1

@@ -31,7 +31,9 @@ def _client(url: str, honours_retry_after: bool, deadline: float, audio_s: list,
         ticket = None
         while time.monotonic() < deadline:
             headers = {"x-tilevox-ticket": ticket} if ticket else {}
-            r = client.post(url, json={"input": "f" * 25, "response_format": "pcm", "sample_rate": 16000}, headers=headers)
+            r = client.post(
+                url, json={"input": "f" * 25, "response_format": "pcm", "sample_rate": 16000}, headers=headers
+            )
             if r.status_code == 200:
                 audio_s[index] += len(r.content) / 2 / 16000
                 ticket = None

@@ -23,18 +23,35 @@ def _riva(server, with_key: bool = True) -> riva.client.SpeechSynthesisService:
     return riva.client.SpeechSynthesisService(riva.client.Auth(None, False, server.grpc_target, metadata))
 
 
-@pytest.mark.parametrize("voice", ["Magpie-Multilingual.EN-US.Aria", "Magpie-Multilingual.EN-US.Ray",
-                                   "Magpie-Multilingual.EN-US.Sofia", "Magpie-Multilingual.EN-US.Leo"])
+@pytest.mark.parametrize(
+    "voice",
+    [
+        "Magpie-Multilingual.EN-US.Aria",
+        "Magpie-Multilingual.EN-US.Ray",
+        "Magpie-Multilingual.EN-US.Sofia",
+        "Magpie-Multilingual.EN-US.Leo",
+    ],
+)
 def test_nvidia_services_with_their_default_voices(keyed_server, voice, caplog):
     """Pipecat's NvidiaTTSService / LiveKit's nvidia.TTS: a key-less GetRivaSynthesisConfig at start-up, then
     synthesize_online with the catalog's default voice, en-US, LINEAR_PCM."""
     service = _riva(keyed_server)
-    config = service.stub.GetRivaSynthesisConfig(riva_tts_pb2.RivaSynthesisConfigRequest())  # no metadata: as they call it
+    config = service.stub.GetRivaSynthesisConfig(
+        riva_tts_pb2.RivaSynthesisConfigRequest()
+    )  # no metadata: as they call it
     assert config.model_config and config.model_config[0].parameters["voice_name"]
     with caplog.at_level(logging.WARNING, logger="tilevox"):
         for _ in range(2):
-            chunks = list(service.synthesize_online("Hello from a voice agent.", voice, "en-US", sample_rate_hz=16000,
-                                                    zero_shot_quality=20, custom_dictionary={}))
+            chunks = list(
+                service.synthesize_online(
+                    "Hello from a voice agent.",
+                    voice,
+                    "en-US",
+                    sample_rate_hz=16000,
+                    zero_shot_quality=20,
+                    custom_dictionary={},
+                )
+            )
             assert sum(len(c.audio) for c in chunks) > 0
     warnings = [r for r in caplog.records if voice in r.getMessage() or voice in str(getattr(r, "fields", {}))]
     assert len(warnings) == 1  # one warning per unknown name, not per request
@@ -51,11 +68,15 @@ def test_nvidia_synthesis_still_needs_the_key(keyed_server):
 def test_openai_services_get_24_khz_pcm(keyed_server):
     """Pipecat's OpenAITTSService and LiveKit's openai.TTS: the openai SDK, `pcm`, played at 24 kHz."""
     client = openai.OpenAI(base_url=keyed_server.http_url + "/v1", api_key=API_KEY)
-    with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input="Twenty four kilohertz.",
-                                                             response_format="pcm") as response:
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input="Twenty four kilohertz.", response_format="pcm"
+    ) as response:
         assert response.headers["x-sample-rate"] == "24000"
         pcm = np.frombuffer(response.read(), "<i2")
-    wav = httpx.post(keyed_server.http_url + "/v1/audio/speech", headers={"authorization": f"Bearer {API_KEY}"},
-                     json={"model": "tts-1", "voice": "alloy", "input": "Twenty four kilohertz.", "response_format": "wav"})
+    wav = httpx.post(
+        keyed_server.http_url + "/v1/audio/speech",
+        headers={"authorization": f"Bearer {API_KEY}"},
+        json={"model": "tts-1", "voice": "alloy", "input": "Twenty four kilohertz.", "response_format": "wav"},
+    )
     seconds = (len(wav.content) - 44) / 2 / int(wav.headers["x-sample-rate"])
     assert len(pcm) == pytest.approx(seconds * 24000, abs=2)

@@ -14,10 +14,10 @@ import soxr
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from riva.client.proto import riva_tts_pb2
 
-from tilevox.models.streaming import SynthesisRequest
-from tilevox.server.audio import float_to_pcm16
 from tests.server.conftest import API_KEY
 from tests.server.fake_model import FakeSpeechModel
+from tilevox.models.streaming import SynthesisRequest
+from tilevox.server.audio import float_to_pcm16
 
 PCM = riva.client.AudioEncoding.LINEAR_PCM
 
@@ -33,7 +33,9 @@ def _expected(model, text, seed=0, voice=None):
 
 def test_synthesize_at_native_rate_is_exact(fake_server, fake_model):
     tts = _service(fake_server)
-    resp = tts.synthesize("riva hello", voice_name="Tilevox.EN-US.bert", sample_rate_hz=16000, custom_configuration={"seed": 4})
+    resp = tts.synthesize(
+        "riva hello", voice_name="Tilevox.EN-US.bert", sample_rate_hz=16000, custom_configuration={"seed": 4}
+    )
     np.testing.assert_array_equal(np.frombuffer(resp.audio, "<i2"), _expected(fake_model, "riva hello", 4, "bert"))
     bare = tts.synthesize("riva hello", voice_name="bert", sample_rate_hz=0, custom_configuration={"seed": 4})
     assert bare.audio == resp.audio
@@ -48,14 +50,18 @@ def test_synthesize_online_streams_each_text(fake_server, fake_model):
     expected = np.concatenate([_expected(fake_model, t) for t in texts])
     np.testing.assert_array_equal(np.frombuffer(audio, "<i2"), expected)
     single = list(tts.synthesize_online("just one", sample_rate_hz=16000))
-    np.testing.assert_array_equal(np.frombuffer(b"".join(r.audio for r in single), "<i2"), _expected(fake_model, "just one"))
+    np.testing.assert_array_equal(
+        np.frombuffer(b"".join(r.audio for r in single), "<i2"), _expected(fake_model, "just one")
+    )
 
 
 @pytest.mark.parametrize("rate", [8000, 22050, 44100, 48000])
 def test_linear_pcm_resampled_to_any_rate(fake_server, fake_model, rate):
     resp = _service(fake_server).synthesize("resample me", sample_rate_hz=rate)
     got = np.frombuffer(resp.audio, "<i2").astype(np.int32)
-    ref = float_to_pcm16(soxr.resample(fake_model.expected(SynthesisRequest(text="resample me")), 16000, rate, quality="HQ")).astype(np.int32)
+    ref = float_to_pcm16(
+        soxr.resample(fake_model.expected(SynthesisRequest(text="resample me")), 16000, rate, quality="HQ")
+    ).astype(np.int32)
     assert abs(len(got) - len(ref)) <= 1
     n = min(len(got), len(ref))
     assert np.max(np.abs(got[:n] - ref[:n])) <= 2
@@ -64,7 +70,9 @@ def test_linear_pcm_resampled_to_any_rate(fake_server, fake_model, rate):
 def test_oggopus(fake_server):
     import soundfile
 
-    resp = _service(fake_server).synthesize("opus please", encoding=riva.client.AudioEncoding.OGGOPUS, sample_rate_hz=48000)
+    resp = _service(fake_server).synthesize(
+        "opus please", encoding=riva.client.AudioEncoding.OGGOPUS, sample_rate_hz=48000
+    )
     assert resp.audio[:4] == b"OggS"
     y, sr = soundfile.read(io.BytesIO(resp.audio))
     assert sr == 48000 and abs(len(y) - len("opus please") * 320 * 3) < 4000
@@ -75,7 +83,11 @@ def test_config_lists_voices_the_riva_way(fake_server):
     resp = tts.stub.GetRivaSynthesisConfig(riva_tts_pb2.RivaSynthesisConfigRequest())
     (config,) = resp.model_config
     params = dict(config.parameters)
-    assert params["voice_name"] == "Tilevox.EN-US" and params["subvoices"] == "anna:0,bert:1" and params["language_code"] == "en-US"
+    assert (
+        params["voice_name"] == "Tilevox.EN-US"
+        and params["subvoices"] == "anna:0,bert:1"
+        and params["language_code"] == "en-US"
+    )
     # talk.py builds full names as voice_name + "." + subvoice name; they must be accepted
     full = params["voice_name"] + "." + params["subvoices"].split(",")[1].split(":")[0]
     assert len(tts.synthesize("full name", voice_name=full, sample_rate_hz=16000).audio) > 0
@@ -85,7 +97,9 @@ def test_health_service(fake_server):
     channel = grpc.insecure_channel(fake_server.grpc_target)
     stub = health_pb2_grpc.HealthStub(channel)
     for service in ("", "nvidia.riva.tts.RivaSpeechSynthesis"):
-        assert stub.Check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
+        assert (
+            stub.Check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
+        )
 
 
 @pytest.mark.parametrize(
@@ -94,7 +108,10 @@ def test_health_service(fake_server):
         ({"text": ""}, grpc.StatusCode.INVALID_ARGUMENT),
         ({"text": "x" * 501}, grpc.StatusCode.INVALID_ARGUMENT),
         ({"text": "hi", "sample_rate_hz": 100}, grpc.StatusCode.INVALID_ARGUMENT),
-        ({"text": "hi", "encoding": riva.client.AudioEncoding.OGGOPUS, "sample_rate_hz": 44100}, grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            {"text": "hi", "encoding": riva.client.AudioEncoding.OGGOPUS, "sample_rate_hz": 44100},
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
         ({"text": "hi", "custom_configuration": {"warp": "9"}}, grpc.StatusCode.INVALID_ARGUMENT),
         ({"text": "hi", "custom_configuration": {"seed": "abc"}}, grpc.StatusCode.INVALID_ARGUMENT),
     ],
@@ -183,7 +200,14 @@ def test_unknown_voices_are_served_by_default_or_refused_when_strict(server_fact
     lenient = server_factory()
     with caplog.at_level(logging.WARNING, logger="tilevox.voices"):
         for _ in range(2):
-            assert len(_service(lenient).synthesize("who", voice_name="Other-Model.EN-US.Nobody", sample_rate_hz=16000).audio) > 0
+            assert (
+                len(
+                    _service(lenient)
+                    .synthesize("who", voice_name="Other-Model.EN-US.Nobody", sample_rate_hz=16000)
+                    .audio
+                )
+                > 0
+            )
     assert [r.getMessage() for r in caplog.records] == ["voice.unknown_served_default"]  # once per name
     strict = server_factory(strict_voices=True)
     with pytest.raises(grpc.RpcError) as info:

@@ -11,16 +11,15 @@ import threading
 import time
 
 import av
-import soundfile
-
 import httpx
 import numpy as np
 import openai
 import pytest
+import soundfile
 
-from tilevox.models.streaming import SynthesisRequest
 from tests.server.conftest import API_KEY
 from tests.server.fake_model import FakeSpeechModel
+from tilevox.models.streaming import SynthesisRequest
 
 
 def _pcm(data: bytes) -> np.ndarray:
@@ -36,7 +35,11 @@ def _expected_pcm(model: FakeSpeechModel, text: str, seed: int = 0, voice: str |
 def test_openai_sdk_streaming_pcm_equals_model_output(fake_server, fake_model):
     client = openai.OpenAI(base_url=fake_server.http_url + "/v1", api_key="unused")
     with client.audio.speech.with_streaming_response.create(
-        model="tts-1", voice="ash", input="stream me please", response_format="pcm", extra_body={"seed": 5, "sample_rate": 16000}
+        model="tts-1",
+        voice="ash",
+        input="stream me please",
+        response_format="pcm",
+        extra_body={"seed": 5, "sample_rate": 16000},
     ) as response:
         assert response.headers["content-type"] == "audio/pcm"
         pieces = list(response.iter_bytes(chunk_size=None))
@@ -47,7 +50,11 @@ def test_openai_sdk_streaming_pcm_equals_model_output(fake_server, fake_model):
 def test_openai_sdk_sse(fake_server, fake_model):
     client = openai.OpenAI(base_url=fake_server.http_url + "/v1", api_key="unused")
     with client.audio.speech.with_streaming_response.create(
-        model="gpt-4o-mini-tts", voice="alloy", input="sse please", response_format="pcm", stream_format="sse",
+        model="gpt-4o-mini-tts",
+        voice="alloy",
+        input="sse please",
+        response_format="pcm",
+        stream_format="sse",
         extra_body={"sample_rate": 16000},  # the model's own rate: bit-exact (without it, pcm is 24 kHz)
     ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -66,7 +73,16 @@ def test_wav_has_one_streaming_header(fake_server, fake_model):
     np.testing.assert_array_equal(_pcm(r.content[44:]), _expected_pcm(fake_model, "wave"))
 
 
-@pytest.mark.parametrize("fmt,ctype", [("mp3", "audio/mpeg"), ("opus", "audio/ogg"), ("flac", "audio/flac"), ("aac", "audio/aac"), ("mulaw", "audio/basic")])
+@pytest.mark.parametrize(
+    "fmt,ctype",
+    [
+        ("mp3", "audio/mpeg"),
+        ("opus", "audio/ogg"),
+        ("flac", "audio/flac"),
+        ("aac", "audio/aac"),
+        ("mulaw", "audio/basic"),
+    ],
+)
 def test_other_formats(fake_server, fmt, ctype):
     r = httpx.post(fake_server.http_url + "/v1/audio/speech", json={"input": "formats " * 3, "response_format": fmt})
     assert r.status_code == 200 and r.headers["content-type"] == ctype and len(r.content) > 0
@@ -86,8 +102,14 @@ def test_listing_routes_and_probes(fake_server):
     ids = {v["id"] for v in voices}
     assert {"anna", "bert", "alloy", "cedar"} <= ids
     metrics = httpx.get(base + "/metrics").text
-    for name in ("tilevox_time_to_first_audio_seconds_bucket", "tilevox_active_streams", "tilevox_queue_depth",
-                 "tilevox_frames_total", "tilevox_frames_per_second", "tilevox_request_real_time_factor_bucket"):
+    for name in (
+        "tilevox_time_to_first_audio_seconds_bucket",
+        "tilevox_active_streams",
+        "tilevox_queue_depth",
+        "tilevox_frames_total",
+        "tilevox_frames_per_second",
+        "tilevox_request_real_time_factor_bucket",
+    ):
         assert name in metrics
 
 
@@ -99,12 +121,23 @@ def _metric(text: str, name: str) -> float:
 def test_metrics_count_what_was_served(server_factory):
     server = server_factory()
     before = httpx.get(server.http_url + "/metrics").text
-    assert httpx.post(server.http_url + "/v1/audio/speech", json={"input": "count these frames", "response_format": "pcm"}).status_code == 200
+    assert (
+        httpx.post(
+            server.http_url + "/v1/audio/speech", json={"input": "count these frames", "response_format": "pcm"}
+        ).status_code
+        == 200
+    )
     after = httpx.get(server.http_url + "/metrics").text
     assert _metric(after, "tilevox_frames_total") - _metric(before, "tilevox_frames_total") == len("count these frames")
-    assert _metric(after, "tilevox_time_to_first_audio_seconds_count") - _metric(before, "tilevox_time_to_first_audio_seconds_count") == 1
+    assert (
+        _metric(after, "tilevox_time_to_first_audio_seconds_count")
+        - _metric(before, "tilevox_time_to_first_audio_seconds_count")
+        == 1
+    )
     assert _metric(after, "tilevox_active_streams") == 0 and _metric(after, "tilevox_queue_depth") == 0
-    assert _metric(after, "tilevox_audio_seconds_total") - _metric(before, "tilevox_audio_seconds_total") == pytest.approx(len("count these frames") / 50)
+    assert _metric(after, "tilevox_audio_seconds_total") - _metric(
+        before, "tilevox_audio_seconds_total"
+    ) == pytest.approx(len("count these frames") / 50)
 
 
 @pytest.mark.parametrize(
@@ -130,7 +163,12 @@ def test_errors_and_server_keeps_serving(fake_server, kwargs, status, code):
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["code"] == code and err["message"]
-    assert httpx.post(fake_server.http_url + "/v1/audio/speech", json={"input": "still here", "response_format": "pcm"}).status_code == 200
+    assert (
+        httpx.post(
+            fake_server.http_url + "/v1/audio/speech", json={"input": "still here", "response_format": "pcm"}
+        ).status_code
+        == 200
+    )
 
 
 def test_openai_sdk_sees_errors_as_exceptions(fake_server):
@@ -151,9 +189,13 @@ def test_api_key(keyed_server):
     assert httpx.get(keyed_server.http_url + "/health").status_code == 200  # probes stay open
     assert httpx.get(keyed_server.http_url + "/metrics").status_code == 200
     client = openai.OpenAI(base_url=keyed_server.http_url + "/v1", api_key=API_KEY)
-    assert len(client.audio.speech.create(model="tts-1", voice="alloy", input="secret", response_format="pcm").content) > 0
+    assert (
+        len(client.audio.speech.create(model="tts-1", voice="alloy", input="secret", response_format="pcm").content) > 0
+    )
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=keyed_server.http_url + "/v1", api_key="bad", max_retries=0).audio.speech.create(model="tts-1", voice="alloy", input="x")
+        openai.OpenAI(base_url=keyed_server.http_url + "/v1", api_key="bad", max_retries=0).audio.speech.create(
+            model="tts-1", voice="alloy", input="x"
+        )
 
 
 def _wait_for(predicate, timeout_s=5.0):
@@ -217,7 +259,9 @@ def test_raw_pcm_without_sample_rate_is_24_khz_for_every_model(fake_server):
     assert wav.headers["x-sample-rate"] == "16000" and pcm.headers["x-sample-rate"] == "24000"
     seconds = (len(wav.content) - 44) / 2 / 16000
     assert len(pcm.content) / 2 == pytest.approx(seconds * 24000, abs=2)
-    explicit = httpx.post(fake_server.http_url + "/v1/audio/speech", json=body | {"response_format": "pcm", "sample_rate": 16000})
+    explicit = httpx.post(
+        fake_server.http_url + "/v1/audio/speech", json=body | {"response_format": "pcm", "sample_rate": 16000}
+    )
     assert explicit.content == wav.content[44:]  # an explicit rate still wins
 
 
@@ -231,10 +275,14 @@ def test_aac_decodes_to_the_duration_of_wav(fake_server, stream):
     assert _decoded_seconds(aac.content) == pytest.approx(_decoded_seconds(wav), abs=2 * 1024 / 16000)
 
 
-@pytest.mark.parametrize("fmt,rate", [("mp3", 17000), ("mp3", 64000), ("mp3", 88200), ("mp3", 96000), ("mp3", 192000),
-                                      ("aac", 17000), ("opus", 44100)])
+@pytest.mark.parametrize(
+    "fmt,rate",
+    [("mp3", 17000), ("mp3", 64000), ("mp3", 88200), ("mp3", 96000), ("mp3", 192000), ("aac", 17000), ("opus", 44100)],
+)
 def test_encoder_rates_are_checked_before_any_audio(fake_server, fmt, rate):
-    r = httpx.post(fake_server.http_url + "/v1/audio/speech", json={"input": "rates", "response_format": fmt, "sample_rate": rate})
+    r = httpx.post(
+        fake_server.http_url + "/v1/audio/speech", json={"input": "rates", "response_format": fmt, "sample_rate": rate}
+    )
     assert r.status_code == 400, r.text[:200]
     assert r.json()["error"]["param"] == "sample_rate" and "encodes only at" in r.json()["error"]["message"]
 
@@ -272,8 +320,10 @@ def test_rejected_requests_are_counted(server_factory):
 def test_a_body_shorter_than_its_content_length_times_out(server_factory):
     server = server_factory(idle_timeout_s=1.0)
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     b"content-length: 100\r\n\r\n{\"input\": ")
+        sock.sendall(
+            b"POST /v1/audio/speech HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\n\r\n{"input": '
+        )
         started = time.monotonic()
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:100]
@@ -308,7 +358,9 @@ def test_a_stream_cut_at_shutdown_is_an_error_not_an_end(fake_model):
             outcome["raw"] = f"aborted: {exc}"
 
     def sse():
-        text = httpx.post(url, json={"input": "s" * 400, "response_format": "pcm", "stream_format": "sse"}, timeout=30).text
+        text = httpx.post(
+            url, json={"input": "s" * 400, "response_format": "pcm", "stream_format": "sse"}, timeout=30
+        ).text
         outcome["sse"] = json.loads(text.strip().split("\n\n")[-1].split("data: ", 1)[1])
 
     threads = [threading.Thread(target=raw), threading.Thread(target=sse)]

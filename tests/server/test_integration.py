@@ -18,10 +18,10 @@ import pytest
 import riva.client
 from websockets.asyncio.client import connect
 
+from tests.server.conftest import make_server
 from tilevox.models.registry import load_model
 from tilevox.models.streaming import SynthesisRequest, synthesize
 from tilevox.server.audio import float_to_pcm16
-from tests.server.conftest import make_server
 
 MODEL = "random:llama-tiny"
 MAX_DURATION_S = 0.4  # 20 frames at 50 Hz keeps every stream short on CPU
@@ -54,26 +54,39 @@ def test_same_request_and_seed_gives_same_samples_through_every_api(tiny_server,
 
     client = openai.OpenAI(base_url=tiny_server.http_url + "/v1", api_key="unused")
     with client.audio.speech.with_streaming_response.create(
-        model="tts-1", voice="alloy", input=text, response_format="pcm", extra_body={"seed": seed, "max_duration_s": MAX_DURATION_S, "sample_rate": 16000}
+        model="tts-1",
+        voice="alloy",
+        input=text,
+        response_format="pcm",
+        extra_body={"seed": seed, "max_duration_s": MAX_DURATION_S, "sample_rate": 16000},
     ) as response:
         got["openai-sdk pcm"] = np.frombuffer(b"".join(response.iter_bytes()), "<i2")
     wav = httpx.post(tiny_server.http_url + "/v1/audio/speech", json=body | {"response_format": "wav"}).content
     got["http wav"] = np.frombuffer(wav[44:], "<i2")
     flac = httpx.post(tiny_server.http_url + "/v1/audio/speech", json=body | {"response_format": "flac"}).content
     got["http flac"] = np.concatenate([f.to_ndarray().reshape(-1) for f in av.open(io.BytesIO(flac)).decode(audio=0)])
-    sse = httpx.post(tiny_server.http_url + "/v1/audio/speech", json=body | {"response_format": "pcm", "stream_format": "sse", "sample_rate": 16000}).text
+    sse = httpx.post(
+        tiny_server.http_url + "/v1/audio/speech",
+        json=body | {"response_format": "pcm", "stream_format": "sse", "sample_rate": 16000},
+    ).text
     deltas = [json.loads(b.split("data: ", 1)[1]) for b in sse.strip().split("\n\n")]
-    got["http sse"] = np.frombuffer(b"".join(base64.b64decode(d["audio"]) for d in deltas if d["type"] == "speech.audio.delta"), "<i2")
+    got["http sse"] = np.frombuffer(
+        b"".join(base64.b64decode(d["audio"]) for d in deltas if d["type"] == "speech.audio.delta"), "<i2"
+    )
 
     tts = riva.client.SpeechSynthesisService(riva.client.Auth(uri=tiny_server.grpc_target))
     custom = {"seed": seed, "max_duration_s": MAX_DURATION_S}
-    got["riva synthesize"] = np.frombuffer(tts.synthesize(text, sample_rate_hz=16000, custom_configuration=custom).audio, "<i2")
+    got["riva synthesize"] = np.frombuffer(
+        tts.synthesize(text, sample_rate_hz=16000, custom_configuration=custom).audio, "<i2"
+    )
     online = tts.synthesize_online(text, sample_rate_hz=16000, custom_configuration=custom)
     got["riva synthesize_online"] = np.frombuffer(b"".join(r.audio for r in online), "<i2")
 
     async def ws_run():
         async with connect(f"ws://127.0.0.1:{tiny_server.http_port}/v1/audio/speech/stream") as ws:
-            await ws.send(json.dumps({"type": "config", "response_format": "pcm", "seed": seed, "max_duration_s": MAX_DURATION_S}))
+            await ws.send(
+                json.dumps({"type": "config", "response_format": "pcm", "seed": seed, "max_duration_s": MAX_DURATION_S})
+            )
             for piece in (text[:7], text[7:15], text[15:]):
                 await ws.send(json.dumps({"type": "text", "text": piece}))
             await ws.send(json.dumps({"type": "flush"}))
@@ -101,7 +114,14 @@ def test_32_concurrent_streams_each_equal_their_solo_output(tiny_server, referen
         barrier.wait()
         r = httpx.post(
             tiny_server.http_url + "/v1/audio/speech",
-            json={"input": text, "seed": seed, "response_format": "pcm", "sample_rate": 16000, "max_duration_s": MAX_DURATION_S}, timeout=120,
+            json={
+                "input": text,
+                "seed": seed,
+                "response_format": "pcm",
+                "sample_rate": 16000,
+                "max_duration_s": MAX_DURATION_S,
+            },
+            timeout=120,
         )
         results[i] = (r.status_code, r.content)
 
@@ -115,7 +135,9 @@ def test_32_concurrent_streams_each_equal_their_solo_output(tiny_server, referen
     for i, (text, seed) in enumerate(jobs):
         status, content = results[i]
         assert status == 200, content[:200]
-        np.testing.assert_array_equal(np.frombuffer(content, "<i2"), _solo_pcm(reference_model, text, seed), err_msg=f"stream {i}")
+        np.testing.assert_array_equal(
+            np.frombuffer(content, "<i2"), _solo_pcm(reference_model, text, seed), err_msg=f"stream {i}"
+        )
 
 
 def test_websocket_cancel_mid_stream_on_real_model(tiny_server):
@@ -149,7 +171,9 @@ def test_riva_resampled_output_of_real_model(tiny_server, reference_model):
 
     text, seed = "Resample to 44.1 kHz.", 9
     tts = riva.client.SpeechSynthesisService(riva.client.Auth(uri=tiny_server.grpc_target))
-    audio = tts.synthesize(text, sample_rate_hz=44100, custom_configuration={"seed": seed, "max_duration_s": MAX_DURATION_S}).audio
+    audio = tts.synthesize(
+        text, sample_rate_hz=44100, custom_configuration={"seed": seed, "max_duration_s": MAX_DURATION_S}
+    ).audio
     ref = synthesize(reference_model, SynthesisRequest(text=text, seed=seed, max_duration_s=MAX_DURATION_S)).samples
     expected = float_to_pcm16(soxr.resample(ref, 16000, 44100, quality="HQ")).astype(np.int32)
     got = np.frombuffer(audio, "<i2").astype(np.int32)
@@ -165,12 +189,31 @@ def test_qwen3_tts_tiny_at_24k_with_named_voices():
     server = make_server(served, max_streams=2, max_queued=2)
     try:
         text, seed = "Twenty four kilohertz.", 77
-        expected = float_to_pcm16(synthesize(reference, SynthesisRequest(text=text, seed=seed, voice=voices[1 % len(voices)], max_duration_s=MAX_DURATION_S)).samples)
-        r = httpx.post(server.http_url + "/v1/audio/speech", json={"input": text, "voice": "ash", "seed": seed, "response_format": "pcm", "max_duration_s": MAX_DURATION_S})
+        expected = float_to_pcm16(
+            synthesize(
+                reference,
+                SynthesisRequest(text=text, seed=seed, voice=voices[1 % len(voices)], max_duration_s=MAX_DURATION_S),
+            ).samples
+        )
+        r = httpx.post(
+            server.http_url + "/v1/audio/speech",
+            json={
+                "input": text,
+                "voice": "ash",
+                "seed": seed,
+                "response_format": "pcm",
+                "max_duration_s": MAX_DURATION_S,
+            },
+        )
         assert r.status_code == 200 and r.headers["x-sample-rate"] == "24000"
         np.testing.assert_array_equal(np.frombuffer(r.content, "<i2"), expected)
         tts = riva.client.SpeechSynthesisService(riva.client.Auth(uri=server.grpc_target))
-        resp = tts.synthesize(text, voice_name=voices[1 % len(voices)], sample_rate_hz=24000, custom_configuration={"seed": seed, "max_duration_s": MAX_DURATION_S})
+        resp = tts.synthesize(
+            text,
+            voice_name=voices[1 % len(voices)],
+            sample_rate_hz=24000,
+            custom_configuration={"seed": seed, "max_duration_s": MAX_DURATION_S},
+        )
         np.testing.assert_array_equal(np.frombuffer(resp.audio, "<i2"), expected)
     finally:
         server.stop()

@@ -22,7 +22,16 @@ def test_defaults_and_aliases():
     assert p.request.voice == "anna" and p.request.seed == 0 and p.request.max_duration_s == 30.0
     assert parse({"input": "hi", "voice": {"id": "bert"}}).request.voice == "bert"
     assert parse({"input": "hi", "response_format": "mulaw"}).sample_rate_hz == 8000
-    q = parse({"input": "hi", "seed": 7, "temperature": 0, "sample_rate": 16000, "response_format": "pcm", "stream_format": "sse"})
+    q = parse(
+        {
+            "input": "hi",
+            "seed": 7,
+            "temperature": 0,
+            "sample_rate": 16000,
+            "response_format": "pcm",
+            "stream_format": "sse",
+        }
+    )
     assert (q.request.seed, q.request.sampling.temperature, q.sample_rate_hz, q.stream_format) == (7, 0.0, 16000, "sse")
 
 

@@ -7,10 +7,10 @@ import asyncio
 import numpy as np
 import pytest
 
+from tests.server.fake_model import FakeSpeechModel
 from tilevox.models.streaming import FinishReason, SynthesisRequest
 from tilevox.server.metrics import ServerMetrics
 from tilevox.server.scheduler import OverloadedError, Scheduler, ShuttingDownError
-from tests.server.fake_model import FakeSpeechModel
 
 
 def _req(text: str, seed: int = 0, **kw) -> SynthesisRequest:
@@ -215,8 +215,8 @@ def test_a_ticket_keeps_its_first_attempts_place_in_line():
     """Refused requests get a ticket; coming back with it queues them beyond max_queued, ahead of later arrivals."""
     import asyncio
 
-    from tilevox.server.scheduler import OverloadedError, Scheduler
     from tests.server.fake_model import FakeSpeechModel
+    from tilevox.server.scheduler import OverloadedError, Scheduler
 
     async def main():
         scheduler = Scheduler(FakeSpeechModel(step_delay_s=0.05), max_active=1, max_queued=1)
@@ -247,13 +247,14 @@ def test_a_finished_stream_frees_its_place_before_its_client_is_told():
     """A closed loop of N clients on N places and no queue never sees a spurious 429 (issue 19 item 8)."""
     import asyncio
 
-    from tilevox.server.scheduler import Scheduler
     from tests.server.fake_model import FakeSpeechModel
+    from tilevox.server.scheduler import Scheduler
 
     async def main():
         scheduler = Scheduler(FakeSpeechModel(), max_active=3, max_queued=0)
         scheduler.start()
         try:
+
             async def client(i):
                 for k in range(20):
                     await scheduler.submit(SynthesisRequest(text="x" * (1 + (i + k) % 4))).collect()

@@ -24,7 +24,10 @@ CASES = [
     ("Pi is 3.14159 today. Next.", ["Pi is 3.14159 today.", "Next."]),
     ("It costs $1,299.99, or 1.5 million. Right.", ["It costs $1,299.99, or 1.5 million.", "Right."]),
     ("Dr. Smith met Mr. J. Doe at 5 p.m. yesterday. Ok.", ["Dr. Smith met Mr. J. Doe at 5 p.m. yesterday.", "Ok."]),
-    ("See https://example.com/a.b?x=1.2 for more. Then go.", ["See https://example.com/a.b?x=1.2 for more.", "Then go."]),
+    (
+        "See https://example.com/a.b?x=1.2 for more. Then go.",
+        ["See https://example.com/a.b?x=1.2 for more.", "Then go."],
+    ),
     ("Use e.g. this, i.e. that. Done.", ["Use e.g. this, i.e. that.", "Done."]),
     ("The U.S. Army won. Then.", ["The U.S. Army won.", "Then."]),
     ('He said "stop." Then left.', ['He said "stop."', "Then left."]),

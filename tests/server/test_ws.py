@@ -11,10 +11,10 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect
 
-from tilevox.models.streaming import SynthesisRequest
-from tilevox.server.audio import float_to_pcm16
 from tests.server.conftest import API_KEY
 from tests.server.fake_model import FakeSpeechModel
+from tilevox.models.streaming import SynthesisRequest
+from tilevox.server.audio import float_to_pcm16
 
 
 def _url(server) -> str:
@@ -54,7 +54,12 @@ def test_streamed_text_in_pieces_gives_phrases_in_order(fake_server, fake_model)
     assert [e["type"] for e in events] == ["first_audio"]
     assert done["stats"]["phrases"] == 3
     phrases = ["Hello there, world.", "Pi is 3.14 today!", "Bye"]
-    expected = np.concatenate([float_to_pcm16(fake_model.expected(SynthesisRequest(text=p, seed=11 + i, voice="anna"))) for i, p in enumerate(phrases)])
+    expected = np.concatenate(
+        [
+            float_to_pcm16(fake_model.expected(SynthesisRequest(text=p, seed=11 + i, voice="anna")))
+            for i, p in enumerate(phrases)
+        ]
+    )
     np.testing.assert_array_equal(np.frombuffer(audio, "<i2"), expected)
 
 
@@ -185,10 +190,13 @@ def test_a_long_utterance_outlives_the_idle_timeout(server_factory):
     assert len(audio) == 2 * 150 * 320 and all(e["type"] != "error" for e in events), events
 
 
-@pytest.mark.parametrize("bad", [
-    {"type": "text", "text": "a\ud800b"},  # a lone surrogate (JSON escape) never reaches the tokenizer
-    {"type": "config", "response_format": "mp3", "sample_rate": 96000},  # an encoder that cannot open
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"type": "text", "text": "a\ud800b"},  # a lone surrogate (JSON escape) never reaches the tokenizer
+        {"type": "config", "response_format": "mp3", "sample_rate": 96000},  # an encoder that cannot open
+    ],
+)
 def test_failures_are_error_events_and_the_session_stays_usable(fake_server, bad):
     async def main():
         async with connect(_url(fake_server)) as ws:
@@ -264,6 +272,7 @@ def test_accepted_connections_have_tcp_nodelay(fake_server):
         assert accepted.proto == socket.IPPROTO_TCP
         loop = asyncio.new_event_loop()
         try:
+
             async def wrap():
                 transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, accepted)
                 value = transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)

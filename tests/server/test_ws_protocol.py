@@ -7,8 +7,13 @@ import json
 from tilevox.server.voices import VoiceCatalog
 from tilevox.server.ws_protocol import Cancel, Close, EndUtterance, Heard, SendEvent, Speak, WsLimits, WsSession
 
-LIMITS = WsLimits(catalog=VoiceCatalog(model_id="m", model_voices=("anna",), languages=("en",)), native_rate_hz=16000,
-                  max_text_chars=50, max_message_bytes=200, default_max_duration_s=10.0)
+LIMITS = WsLimits(
+    catalog=VoiceCatalog(model_id="m", model_voices=("anna",), languages=("en",)),
+    native_rate_hz=16000,
+    max_text_chars=50,
+    max_message_bytes=200,
+    default_max_duration_s=10.0,
+)
 
 
 def _session() -> WsSession:
@@ -46,7 +51,9 @@ def test_every_mistake_is_one_error_event_and_the_session_goes_on():
     assert _errors(s.receive("{nope"))[0]["message"].startswith("message is not valid JSON")
     assert _errors(s.receive("[" * 40 + "]" * 40))[0]["message"] == "message nests deeper than 32 levels"
     assert _errors(s.receive(None))[0]["message"].startswith("binary messages")
-    assert _errors(s.receive("x" * 201)) == [{"type": "error", "code": "message_too_large", "message": "message exceeds 200 bytes", "status": 413}]
+    assert _errors(s.receive("x" * 201)) == [
+        {"type": "error", "code": "message_too_large", "message": "message exceeds 200 bytes", "status": 413}
+    ]
     assert _errors(s.receive(_msg(type="config", input="no")))[0]["param"] == "input"
     s.receive(_msg(type="config"))
     assert _errors(s.receive(json.dumps({"type": "text", "text": "a\ud800b"})))[0]["param"] == "text"

@@ -77,8 +77,15 @@ def test_build_config_validation(kwargs) -> None:
 
 def test_sources_cover_every_kernel_config() -> None:
     stems = {p.stem for p in tb.list_sources()}
-    assert {"api", "gemm_pingpong_64x128", "gemm_coop_128x256", "k1_pingpong_64x128", "k1_pingpong_64x64",
-            "k2_pingpong_64x128", "k2_coop_128x256"} <= stems
+    assert {
+        "api",
+        "gemm_pingpong_64x128",
+        "gemm_coop_128x256",
+        "k1_pingpong_64x128",
+        "k1_pingpong_64x64",
+        "k2_pingpong_64x128",
+        "k2_coop_128x256",
+    } <= stems
     with pytest.raises(tb.BuildError, match="matches no translation unit"):
         tb.list_sources("no_such_kernel")
 
@@ -97,8 +104,11 @@ def test_abi_header_is_plain_c(tmp_path) -> None:
         "int main(void) { tilevox_swiglu_gateup_params p = {0}; tilevox_gemm_bf16_params g = {0};\n"
         "  (void)p; (void)g; return TILEVOX_ABI_VERSION == 1 ? 0 : 1; }\n"
     )
-    proc = subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", f"-I{tb.CSRC_DIR}", str(src)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["cc", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", f"-I{tb.CSRC_DIR}", str(src)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -111,9 +121,23 @@ def test_compile_dispatcher_translation_unit(tmp_path) -> None:
 @needs_toolchain
 @pytest.mark.slow
 def test_compile_smallest_cutlass_kernel_via_cli(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "tilevox.trt_plugins.build", "--out", str(tmp_path), "--jobs", "1",
-                           "--only", "gemm_pingpong_64x128"], capture_output=True, text=True, timeout=600,
-                          cwd=Path(tb.__file__).resolve().parents[1])
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tilevox.trt_plugins.build",
+            "--out",
+            str(tmp_path),
+            "--jobs",
+            "1",
+            "--only",
+            "gemm_pingpong_64x128",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(tb.__file__).resolve().parents[1],
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     obj = tmp_path / "obj" / "gemm__gemm_pingpong_64x128.o"
     assert obj.stat().st_size > 100_000  # a real SM90 cubin, not an empty object

@@ -17,8 +17,15 @@ ml_dtypes = pytest.importorskip("ml_dtypes", reason="bf16 numpy inputs need ml_d
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from tilevox.trt_plugins.onnx import REFERENCE_OPS, PluginExportError, check_plugin_nodes, export_onnx, parser_fields  # noqa: E402
-from tilevox.trt_plugins.ops import GateUpLayout, SwigluKernel, SwigluMLP, pack_gate_up, swiglu_gateup, swiglu_mlp_ref  # noqa: E402
-from tilevox.trt_plugins.ops import swiglu_gateup_ref  # noqa: E402
+from tilevox.trt_plugins.ops import (  # noqa: E402
+    GateUpLayout,
+    SwigluKernel,
+    SwigluMLP,
+    pack_gate_up,
+    swiglu_gateup,
+    swiglu_gateup_ref,  # noqa: E402
+    swiglu_mlp_ref,
+)
 from tilevox.trt_plugins.registry import PLUGINS  # noqa: E402
 
 
@@ -37,8 +44,9 @@ class _GateUpOnly(torch.nn.Module):
     def __init__(self, w_gate, w_up, layout):
         super().__init__()
         self.layout = layout
-        self.w_packed = torch.nn.Parameter(pack_gate_up(w_gate, w_up, kernel=layout.kernel, block=layout.block),
-                                           requires_grad=False)
+        self.w_packed = torch.nn.Parameter(
+            pack_gate_up(w_gate, w_up, kernel=layout.kernel, block=layout.block), requires_grad=False
+        )
 
     def forward(self, x):
         return swiglu_gateup(x, self.w_packed, layout=self.layout)
@@ -72,8 +80,14 @@ def test_export_emits_plugin_node_with_attributes_and_weight_inputs(exported_mlp
     assert [n.op_type for n in nodes] == ["swiglu_mlp"]
     node = nodes[0]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    assert attrs == {"kernel": int(layout.kernel), "block": layout.block, "tile_config": -1, "down_tile_config": -1,
-                     "plugin_version": spec.version.encode(), "plugin_namespace": spec.namespace.encode()}
+    assert attrs == {
+        "kernel": int(layout.kernel),
+        "block": layout.block,
+        "tile_config": -1,
+        "down_tile_config": -1,
+        "plugin_version": spec.version.encode(),
+        "plugin_namespace": spec.namespace.encode(),
+    }
     assert all(a.type != onnx.AttributeProto.TENSOR for a in node.attribute)
     initializers = {i.name: i for i in proto.graph.initializer}
     w_packed, w_down = initializers[node.input[1]], initializers[node.input[2]]
@@ -90,8 +104,12 @@ def test_parser_fields_match_creator_fields(exported_mlp):
     spec = PLUGINS["tilevox::swiglu_mlp"]
     node = next(n for n in proto.graph.node if n.domain == "tilevox")
     fields = parser_fields(node, spec)
-    assert fields == {"kernel": ("kINT32", int(layout.kernel)), "block": ("kINT32", layout.block),
-                      "tile_config": ("kINT32", -1), "down_tile_config": ("kINT32", -1)}
+    assert fields == {
+        "kernel": ("kINT32", int(layout.kernel)),
+        "block": ("kINT32", layout.block),
+        "tile_config": ("kINT32", -1),
+        "down_tile_config": ("kINT32", -1),
+    }
 
 
 @pytest.mark.parametrize("tokens", [1, 13])

@@ -53,8 +53,12 @@ def plugin_libs(tmp_path_factory) -> tuple[Path, Path]:
         out = tmp_path_factory.mktemp("trt_plugins")
         (out / kernels.name).symlink_to(kernels.resolve())  # the plugin finds its kernel library by rpath $ORIGIN
         try:
-            cfg = PluginBuildConfig(tensorrt_include_dir=Path(include), kernels_library=out / kernels.name,
-                                    cuda_include_dir=find_cuda_include_dir(), out_dir=out)
+            cfg = PluginBuildConfig(
+                tensorrt_include_dir=Path(include),
+                kernels_library=out / kernels.name,
+                cuda_include_dir=find_cuda_include_dir(),
+                out_dir=out,
+            )
         except PluginBuildError as exc:
             pytest.skip(f"cannot build the TensorRT plugins here: {exc}")
         return build_plugins(cfg)
@@ -71,8 +75,10 @@ def plugin_libs(tmp_path_factory) -> tuple[Path, Path]:
 def lean_lib() -> Path:
     path = lean_library_path()
     if path is None or not path.is_file():
-        pytest.skip("the TensorRT lean runtime is absent: pip install tensorrt-lean-cu13-libs or set "
-                    "$TILEVOX_TRT_LEAN_LIB to libnvinfer_lean.so.11")
+        pytest.skip(
+            "the TensorRT lean runtime is absent: pip install tensorrt-lean-cu13-libs or set "
+            "$TILEVOX_TRT_LEAN_LIB to libnvinfer_lean.so.11"
+        )
     return path
 
 
@@ -88,8 +94,10 @@ def test_plugin_library_exports_only_entry_points(plugin_libs):
     if nm is None:
         pytest.skip("binutils `nm` is not installed")
     out = subprocess.run([nm, "-D", "--defined-only", str(plugin_libs[0])], capture_output=True, text=True, check=True)
-    assert sorted(line.split()[-1] for line in out.stdout.splitlines() if line.strip()) == ["getCreators",
-                                                                                           "setLoggerFinder"]
+    assert sorted(line.split()[-1] for line in out.stdout.splitlines() if line.strip()) == [
+        "getCreators",
+        "setLoggerFinder",
+    ]
     assert plugin_libs[0].name == PLUGIN_LIBRARY_NAME
 
 
@@ -111,14 +119,30 @@ def test_lean_registry_builds_plugin_from_parser_fields(plugin_libs, lean_lib, o
     m, n, k, hidden = 7, 2 * block * 4, 64, 48
     inputs = [torch.empty(1, m, k), torch.empty(2 * n, k)] + ([torch.empty(hidden, n)] if op.endswith("mlp") else [])
     fields = {"kernel": 2, "block": block, "tile_config": -1}
-    result = run_plugin(op, inputs, fields, output=None, output_shape=(1, m, hidden if op.endswith("mlp") else n),
-                        lean_lib=lean_lib, plugin_lib=plugin_libs[0], harness_lib=plugin_libs[1],
-                        use_global_registry=True)
+    result = run_plugin(
+        op,
+        inputs,
+        fields,
+        output=None,
+        output_shape=(1, m, hidden if op.endswith("mlp") else n),
+        lean_lib=lean_lib,
+        plugin_lib=plugin_libs[0],
+        harness_lib=plugin_libs[1],
+        use_global_registry=True,
+    )
     assert result.ok, result.report
     assert "PASS createPlugin(kRUNTIME) from the serialized fields" in result.report
-    bad = run_plugin(op, inputs, {**fields, "block": block + 1}, output=None, output_shape=(1, m, n if op.endswith("gateup") else hidden),
-                     lean_lib=lean_lib, plugin_lib=plugin_libs[0], harness_lib=plugin_libs[1],
-                     use_global_registry=True)
+    bad = run_plugin(
+        op,
+        inputs,
+        {**fields, "block": block + 1},
+        output=None,
+        output_shape=(1, m, n if op.endswith("gateup") else hidden),
+        lean_lib=lean_lib,
+        plugin_lib=plugin_libs[0],
+        harness_lib=plugin_libs[1],
+        use_global_registry=True,
+    )
     assert not bad.ok and "FAIL createPlugin(kBUILD)" in bad.report
 
 
@@ -133,19 +157,32 @@ def test_plugin_enqueue_equals_torch_op_bitwise(plugin_libs, lean_lib, op, m):
     w_gate, w_up = ((torch.randn(n, k, generator=g) / k**0.5).to(torch.bfloat16) for _ in range(2))
     w_down = (torch.randn(hidden, n, generator=g) / n**0.5).to(torch.bfloat16).cuda()
     is_mlp = op.endswith("mlp")
-    for layout in (GateUpLayout(kernel=SwigluKernel.DUAL_PINGPONG, block=0),
-                   GateUpLayout(kernel=SwigluKernel.PACKED_EVT, block=block)):
+    for layout in (
+        GateUpLayout(kernel=SwigluKernel.DUAL_PINGPONG, block=0),
+        GateUpLayout(kernel=SwigluKernel.PACKED_EVT, block=block),
+    ):
         packed = pack_gate_up(w_gate, w_up, kernel=layout.kernel, block=layout.block).cuda()
         for tile_config in range(-1, kernels_library().tilevox_swiglu_gateup_num_configs(int(layout.kernel))):
             args = (int(layout.kernel), layout.block, tile_config)
-            expected = (torch.ops.tilevox.swiglu_mlp(x, packed, w_down, *args, -1) if is_mlp
-                        else torch.ops.tilevox.swiglu_gateup(x, packed, *args))
+            expected = (
+                torch.ops.tilevox.swiglu_mlp(x, packed, w_down, *args, -1)
+                if is_mlp
+                else torch.ops.tilevox.swiglu_gateup(x, packed, *args)
+            )
             out = torch.full_like(expected, float("nan"))  # poisoned: an enqueue that writes nothing cannot pass
             workspace = torch.empty(m * n * 2 + 4096, dtype=torch.uint8, device="cuda")
             fields = dict(zip(("kernel", "block", "tile_config"), args))
-            result = run_plugin(op, [x, packed] + ([w_down] if is_mlp else []), fields, output=out,
-                                output_shape=tuple(expected.shape), lean_lib=lean_lib, plugin_lib=plugin_libs[0],
-                                harness_lib=plugin_libs[1], workspace=workspace)
+            result = run_plugin(
+                op,
+                [x, packed] + ([w_down] if is_mlp else []),
+                fields,
+                output=out,
+                output_shape=tuple(expected.shape),
+                lean_lib=lean_lib,
+                plugin_lib=plugin_libs[0],
+                harness_lib=plugin_libs[1],
+                workspace=workspace,
+            )
             torch.cuda.synchronize()
             assert result.ok, result.report
             assert torch.equal(out, expected), f"{op} {args}: plugin output != torch op"

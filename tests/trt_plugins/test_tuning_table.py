@@ -50,7 +50,9 @@ def test_table_matches_committed_measurements() -> None:
 @pytest.mark.skipif(not LIBRARY.is_file(), reason=f"{LIBRARY} not built (python -m tilevox.trt_plugins.build)")
 def test_library_select_reproduces_table() -> None:
     lib = ctypes.CDLL(str(LIBRARY))
-    lib.tilevox_swiglu_gateup_select.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 2
+    lib.tilevox_swiglu_gateup_select.argtypes = (
+        [ctypes.c_int64] * 3 + [ctypes.c_int] + [ctypes.POINTER(ctypes.c_int)] * 2
+    )
     for (m, n, k), (kernel, cfg, k1_cfg, k2_cfg) in _table().items():
         for requested, want in ((0, (kernel, cfg)), (1, (1, k1_cfg)), (2, (2, k2_cfg))):
             kid, tc = ctypes.c_int(-9), ctypes.c_int(-9)

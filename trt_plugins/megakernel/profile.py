@@ -59,9 +59,16 @@ def summarize_profile(program: Program, timestamps: torch.Tensor) -> dict[str, A
     }
 
 
-def fit_streaming_cost(summary: dict[str, Any], opcodes: tuple[str, ...] = (
-    "OPROJ_RESIDUAL", "RMSNORM_GATEUP_SWIGLU", "DOWN_RESIDUAL", "RMSNORM_LMHEAD", "RMSNORM_QKV_ROPE_APPEND",
-)) -> dict[str, float]:
+def fit_streaming_cost(
+    summary: dict[str, Any],
+    opcodes: tuple[str, ...] = (
+        "OPROJ_RESIDUAL",
+        "RMSNORM_GATEUP_SWIGLU",
+        "DOWN_RESIDUAL",
+        "RMSNORM_LMHEAD",
+        "RMSNORM_QKV_ROPE_APPEND",
+    ),
+) -> dict[str, float]:
     """Least-squares fit of exec_us_mean = overhead_us + bytes_mean / per-SM bandwidth over the streaming
     (matrix-vector) opcodes of one summary: the two constants the region cost model assumes."""
     points = [(o["bytes_mean"], o["exec_us_mean"]) for name, o in summary["opcodes"].items() if name in opcodes]

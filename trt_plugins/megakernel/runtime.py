@@ -185,9 +185,7 @@ class BoundLaunch:
         self.counters = torch.zeros(max(1, p.program.num_counters), dtype=torch.int32, device=dev)
         self.error = torch.zeros(ERROR_WORDS, dtype=torch.int32, device=dev)
         max_len = int(p.instructions.shape[1])
-        self.prefetch_table = (
-            prefetch_table(p.program, self.tensors, max_len).to(dev) if self.prefetch else None
-        )
+        self.prefetch_table = prefetch_table(p.program, self.tensors, max_len).to(dev) if self.prefetch else None
         # (queues, positions, 3) globaltimer ns: record read, waits satisfied, finished.
         self.timestamps = (
             torch.zeros((len(p.program.queues), max(1, max_len), 3), dtype=torch.int64, device=dev)

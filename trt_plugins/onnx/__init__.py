@@ -3,7 +3,13 @@
 Importing this package needs `onnx` and `onnxscript` (optional dependencies: only the export path needs them).
 """
 
-from tilevox.trt_plugins.onnx.export import PluginExportError, check_plugin_nodes, export_onnx, parser_fields, plugin_nodes
+from tilevox.trt_plugins.onnx.export import (
+    PluginExportError,
+    check_plugin_nodes,
+    export_onnx,
+    parser_fields,
+    plugin_nodes,
+)
 from tilevox.trt_plugins.onnx.reference import REFERENCE_OPS
 from tilevox.trt_plugins.onnx.schemas import register_schemas
 from tilevox.trt_plugins.onnx.translations import custom_translation_table

@@ -72,8 +72,12 @@ def export_onnx(model: torch.nn.Module, args: tuple, *, dynamic_shapes=None) -> 
     """Export `model(*args)` to an ONNX ModelProto with tilevox plugin nodes, post-processed and fully checked."""
     register_schemas()
     program = torch.onnx.export(
-        model.eval(), args, dynamo=True, custom_translation_table=custom_translation_table(),
-        dynamic_shapes=dynamic_shapes, verbose=False,
+        model.eval(),
+        args,
+        dynamo=True,
+        custom_translation_table=custom_translation_table(),
+        dynamic_shapes=dynamic_shapes,
+        verbose=False,
     )
     proto = program.model_proto
     for node in plugin_nodes(proto):

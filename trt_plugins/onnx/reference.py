@@ -50,8 +50,18 @@ class swiglu_gateup(OpRun):  # noqa: N801  (the class name is the ONNX op_type)
 class swiglu_mlp(OpRun):  # noqa: N801
     op_domain = PLUGIN_NAMESPACE
 
-    def _run(self, x, w_packed, w_down, kernel=1, block=0, tile_config=-1, down_tile_config=-1,
-             plugin_version=None, plugin_namespace=None):
+    def _run(
+        self,
+        x,
+        w_packed,
+        w_down,
+        kernel=1,
+        block=0,
+        tile_config=-1,
+        down_tile_config=-1,
+        plugin_version=None,
+        plugin_namespace=None,
+    ):
         return (swiglu_mlp_np(x, w_packed, w_down, kernel, block),)
 
 

@@ -27,15 +27,21 @@ _DOCS = {
 def schema_for(spec: PluginSpec) -> OpSchema:
     """The OpSchema of one plugin node (since_version 1 of the plugin's domain)."""
     inputs = [OpSchema.FormalParameter(name, "T") for name in spec.inputs]
-    attributes = [OpSchema.Attribute(f.name, OpSchema.AttrType.INT, f"creator field {f.name}", required=False)
-                  for f in spec.fields]
+    attributes = [
+        OpSchema.Attribute(f.name, OpSchema.AttrType.INT, f"creator field {f.name}", required=False)
+        for f in spec.fields
+    ]
     attributes += [
         OpSchema.Attribute("plugin_version", OpSchema.AttrType.STRING, "TensorRT plugin version", required=False),
         OpSchema.Attribute("plugin_namespace", OpSchema.AttrType.STRING, "TensorRT plugin namespace", required=False),
     ]
     return OpSchema(
-        spec.name, spec.namespace, 1, _DOCS.get(spec.name, spec.op),
-        inputs=inputs, outputs=[OpSchema.FormalParameter("y", "T")],
+        spec.name,
+        spec.namespace,
+        1,
+        _DOCS.get(spec.name, spec.op),
+        inputs=inputs,
+        outputs=[OpSchema.FormalParameter("y", "T")],
         type_constraints=[("T", list(TENSOR_TYPES), "floating-point activations and weights")],
         attributes=attributes,
     )

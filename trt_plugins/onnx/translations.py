@@ -29,17 +29,30 @@ _MLP = PLUGINS["tilevox::swiglu_mlp"]
 @onnxscript.script(opset=_op)
 def _swiglu_gateup(x: BFLOAT16, w_packed: BFLOAT16, kernel: int, block: int, tile_config: int) -> BFLOAT16:
     return _op.swiglu_gateup(
-        x, w_packed, kernel=kernel, block=block, tile_config=tile_config,
-        plugin_version=_GATEUP.version, plugin_namespace=_GATEUP.namespace,
+        x,
+        w_packed,
+        kernel=kernel,
+        block=block,
+        tile_config=tile_config,
+        plugin_version=_GATEUP.version,
+        plugin_namespace=_GATEUP.namespace,
     )
 
 
 @onnxscript.script(opset=_op)
-def _swiglu_mlp(x: BFLOAT16, w_packed: BFLOAT16, w_down: BFLOAT16, kernel: int, block: int, tile_config: int,
-                down_tile_config: int) -> BFLOAT16:
+def _swiglu_mlp(
+    x: BFLOAT16, w_packed: BFLOAT16, w_down: BFLOAT16, kernel: int, block: int, tile_config: int, down_tile_config: int
+) -> BFLOAT16:
     return _op.swiglu_mlp(
-        x, w_packed, w_down, kernel=kernel, block=block, tile_config=tile_config, down_tile_config=down_tile_config,
-        plugin_version=_MLP.version, plugin_namespace=_MLP.namespace,
+        x,
+        w_packed,
+        w_down,
+        kernel=kernel,
+        block=block,
+        tile_config=tile_config,
+        down_tile_config=down_tile_config,
+        plugin_version=_MLP.version,
+        plugin_namespace=_MLP.namespace,
     )
 
 

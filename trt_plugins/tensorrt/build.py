@@ -92,19 +92,33 @@ def build_plugins(cfg: PluginBuildConfig) -> tuple[Path, Path]:
     includes = [f"-I{cfg.tensorrt_include_dir}", f"-I{cfg.cuda_include_dir}", f"-I{_CSRC}", f"-I{_HERE}"]
     kernels = Path(cfg.kernels_library).resolve()
     plugin = out / PLUGIN_LIBRARY_NAME
-    _run([
-        cfg.cxx, *_CXXFLAGS, *includes, "-shared", *(str(_HERE / s) for s in PLUGIN_SOURCES), "-o", str(plugin),
-        # like NVIDIA's version-compatible plugin library: two exported symbols, nothing left unresolved
-        f"-Wl,--version-script={_HERE / 'exports.map'}", "-Wl,--no-undefined", "-Wl,-Bsymbolic",
-        f"-L{kernels.parent}", f"-l:{kernels.name}", "-Wl,-rpath,$ORIGIN",
-    ])
+    _run(
+        [
+            cfg.cxx,
+            *_CXXFLAGS,
+            *includes,
+            "-shared",
+            *(str(_HERE / s) for s in PLUGIN_SOURCES),
+            "-o",
+            str(plugin),
+            # like NVIDIA's version-compatible plugin library: two exported symbols, nothing left unresolved
+            f"-Wl,--version-script={_HERE / 'exports.map'}",
+            "-Wl,--no-undefined",
+            "-Wl,-Bsymbolic",
+            f"-L{kernels.parent}",
+            f"-l:{kernels.name}",
+            "-Wl,-rpath,$ORIGIN",
+        ]
+    )
     harness = out / HARNESS_LIBRARY_NAME
     _run([cfg.cxx, *_CXXFLAGS, *includes, "-shared", str(_HERE / "lean_harness.cpp"), "-o", str(harness), "-ldl"])
     return plugin, harness
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tilevox.trt_plugins.tensorrt.build", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tilevox.trt_plugins.tensorrt.build", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: the kernel library's folder)")
     parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"), help="C++ compiler (default: $CXX or g++)")
     args = parser.parse_args(argv)
@@ -116,9 +130,13 @@ def main(argv: list[str] | None = None) -> int:
                 "(TensorRT is not redistributed with tilevox)"
             )
         kernels = kernels_library_path()
-        cfg = PluginBuildConfig(tensorrt_include_dir=Path(include), kernels_library=kernels,
-                                cuda_include_dir=find_cuda_include_dir(), out_dir=args.out or kernels.parent,
-                                cxx=args.cxx)
+        cfg = PluginBuildConfig(
+            tensorrt_include_dir=Path(include),
+            kernels_library=kernels,
+            cuda_include_dir=find_cuda_include_dir(),
+            out_dir=args.out or kernels.parent,
+            cxx=args.cxx,
+        )
         plugin, harness = build_plugins(cfg)
     except PluginBuildError as exc:
         print(f"trt_plugins.tensorrt.build: error: {exc}", file=sys.stderr)

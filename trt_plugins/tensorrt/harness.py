@@ -101,9 +101,19 @@ def _dims(shape: tuple[int, ...]) -> list[int]:
     return [*shape, *([0] * (_MAX_DIMS - len(shape)))]
 
 
-def run_plugin(op: str, inputs: list[torch.Tensor], fields: dict[str, int], *, output: torch.Tensor | None,
-               output_shape: tuple[int, ...], lean_lib: Path, plugin_lib: Path, harness_lib: Path,
-               workspace: torch.Tensor | None = None, use_global_registry: bool = False) -> HarnessResult:
+def run_plugin(
+    op: str,
+    inputs: list[torch.Tensor],
+    fields: dict[str, int],
+    *,
+    output: torch.Tensor | None,
+    output_shape: tuple[int, ...],
+    lean_lib: Path,
+    plugin_lib: Path,
+    harness_lib: Path,
+    workspace: torch.Tensor | None = None,
+    use_global_registry: bool = False,
+) -> HarnessResult:
     """Run the plugin of `op` once through the harness (enqueue on the current CUDA stream when `output` is given)."""
     spec = plugin_for_op(op)
     if len(inputs) != len(spec.inputs):
@@ -124,15 +134,25 @@ def run_plugin(op: str, inputs: list[torch.Tensor], fields: dict[str, int], *, o
         "out_dims": (ctypes.c_int64 * _MAX_DIMS)(*_dims(tuple(output_shape))),
     }
     case = _HarnessCase(
-        lean_lib=str(lean_lib).encode(), plugin_lib=str(plugin_lib).encode(), plugin_name=spec.name.encode(),
-        plugin_version=spec.version.encode(), plugin_namespace=spec.namespace.encode(),
-        nb_fields=len(names), field_names=keep["names"], field_values=keep["values"],
-        nb_inputs=len(inputs), inputs=keep["ptrs"], input_dims=keep["dims"], input_nb_dims=keep["nb_dims"],
-        output=output.data_ptr() if output is not None else None, output_dims=keep["out_dims"],
+        lean_lib=str(lean_lib).encode(),
+        plugin_lib=str(plugin_lib).encode(),
+        plugin_name=spec.name.encode(),
+        plugin_version=spec.version.encode(),
+        plugin_namespace=spec.namespace.encode(),
+        nb_fields=len(names),
+        field_names=keep["names"],
+        field_values=keep["values"],
+        nb_inputs=len(inputs),
+        inputs=keep["ptrs"],
+        input_dims=keep["dims"],
+        input_nb_dims=keep["nb_dims"],
+        output=output.data_ptr() if output is not None else None,
+        output_dims=keep["out_dims"],
         output_nb_dims=len(output_shape),
         workspace=workspace.data_ptr() if workspace is not None else None,
         workspace_bytes=workspace.numel() * workspace.element_size() if workspace is not None else 0,
-        stream=stream, use_global_registry=int(use_global_registry),
+        stream=stream,
+        use_global_registry=int(use_global_registry),
     )
     buf = ctypes.create_string_buffer(_REPORT_BYTES)
     status = _load(harness_lib).tilevox_harness_run(ctypes.byref(case), buf, _REPORT_BYTES)

@@ -35,7 +35,17 @@ _SKIP_REASON = _toolchain_reason()
 def test_megakernel_translation_unit_compiles(tmp_path: Path) -> None:
     assert any(p.stem == "megakernel" for p in tb.list_sources("megakernel"))
     proc = subprocess.run(  # noqa: PLW1510 (the return code is asserted below)
-        [sys.executable, "-m", "tilevox.trt_plugins.build", "--out", str(tmp_path), "--only", "megakernel", "--jobs", "1"],
+        [
+            sys.executable,
+            "-m",
+            "tilevox.trt_plugins.build",
+            "--out",
+            str(tmp_path),
+            "--only",
+            "megakernel",
+            "--jobs",
+            "1",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -49,8 +59,9 @@ _C_TYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctype
 
 
 def _header_fields() -> list[tuple[str, str]]:
-    body = re.search(r"typedef struct tilevox_megakernel_params \{(.*?)\} tilevox_megakernel_params;",
-                     HEADER.read_text(), re.DOTALL)  # fmt: skip
+    body = re.search(
+        r"typedef struct tilevox_megakernel_params \{(.*?)\} tilevox_megakernel_params;", HEADER.read_text(), re.DOTALL
+    )
     assert body is not None
     fields = []
     for line in body.group(1).splitlines():

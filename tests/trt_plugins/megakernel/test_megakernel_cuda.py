@@ -82,9 +82,16 @@ def _cache(model, slots, lengths, seed):
 
 def _compile(model, spec, batch, **kw):
     return compile_region(
-        model, spec, batch_size=batch, max_context=CACHE_LEN, num_cache_slots=MAX_STREAMS, cache_len=CACHE_LEN,
-        tiling=kw.pop("tiling", TILING), num_sms=kw.pop("num_sms", 6), **kw,
-    )  # fmt: skip
+        model,
+        spec,
+        batch_size=batch,
+        max_context=CACHE_LEN,
+        num_cache_slots=MAX_STREAMS,
+        cache_len=CACHE_LEN,
+        tiling=kw.pop("tiling", TILING),
+        num_sms=kw.pop("num_sms", 6),
+        **kw,
+    )
 
 
 def _to_cuda(bound):
@@ -151,8 +158,10 @@ def test_rows_longer_than_one_staging_chunk(rt):
         model = _tiny_llama(dtype, intermediate_size=8196)
         slots, lengths = [8, 1, 4, 0, 6, 2, 7], [1, 2, 7, 8, 15, 29, 50]
         region = _compile(model, RegionSpec.full_step(3), len(slots))
-        bound = {**llama_decode_inputs(region, _cache(model, slots, lengths, seed=4), slots,
-                                       torch.arange(7) * 100), **_greedy(7)}  # fmt: skip
+        bound = {
+            **llama_decode_inputs(region, _cache(model, slots, lengths, seed=4), slots, torch.arange(7) * 100),
+            **_greedy(7),
+        }
         vm_out, gpu_out = _run_both(rt, region.program, bound)
         _assert_outputs_close(region.program, vm_out, gpu_out, dtype)
 
@@ -251,24 +260,44 @@ def test_broken_dependency_trips_the_watchdog_not_a_hang(rt, llama32):
 
 def test_unsatisfiable_wait_and_bad_token_are_reported(rt):
     f32, i64 = DType.FLOAT32, DType.INT64
-    names = [("tokens", BufferKind.INPUT, i64, (3,)), ("table", BufferKind.WEIGHT, f32, (10, 4)),
-             ("x1", BufferKind.OUTPUT, f32, (3, 4)), ("x2", BufferKind.OUTPUT, f32, (3, 4))]  # fmt: skip
+    names = [
+        ("tokens", BufferKind.INPUT, i64, (3,)),
+        ("table", BufferKind.WEIGHT, f32, (10, 4)),
+        ("x1", BufferKind.OUTPUT, f32, (3, 4)),
+        ("x2", BufferKind.OUTPUT, f32, (3, 4)),
+    ]
     buffers = tuple(BufferSpec(buffer_id=i, name=n, kind=k, dtype=d, shape=s) for i, (n, k, d, s) in enumerate(names))
     insts = (
         Instruction(opcode=Opcode.EMBED, tile_start=0, tile_stop=3, inputs=(0, 1), outputs=(2,), signal=0),
-        Instruction(opcode=Opcode.EMBED, tile_start=0, tile_stop=3, inputs=(0, 1), outputs=(3,),
-                    waits=(Wait(counter_id=0, target=1),), signal=1),
-    )  # fmt: skip
-    constants = RegionConstants(batch_size=3, num_heads=1, num_kv_heads=1, head_dim=4, rms_norm_eps=1e-6,
-                                attn_scale=0.5, partition_tokens=1, num_partitions=1)  # fmt: skip
+        Instruction(
+            opcode=Opcode.EMBED,
+            tile_start=0,
+            tile_stop=3,
+            inputs=(0, 1),
+            outputs=(3,),
+            waits=(Wait(counter_id=0, target=1),),
+            signal=1,
+        ),
+    )
+    constants = RegionConstants(
+        batch_size=3,
+        num_heads=1,
+        num_kv_heads=1,
+        head_dim=4,
+        rms_norm_eps=1e-6,
+        attn_scale=0.5,
+        partition_tokens=1,
+        num_partitions=1,
+    )
     table = torch.randn(10, 4, device=DEVICE)
     good = Program(constants=constants, buffers=buffers, instructions=insts, queues=((1,), (0,)), num_counters=2)
     out = rt.run_program_cuda(good, {"tokens": torch.tensor([3, 0, 9], device=DEVICE), "table": table})
     assert torch.equal(out["x2"], table[torch.tensor([3, 0, 9], device=DEVICE)])
     deadlocked = Program(constants=constants, buffers=buffers, instructions=insts, queues=((1, 0),), num_counters=2)
     with pytest.raises(rt.MegakernelWatchdogError, match="queue 0 position 0 opcode 1 counter 0 value 0 target 1"):
-        rt.run_program_cuda(deadlocked, {"tokens": torch.tensor([3, 0, 9], device=DEVICE), "table": table},
-                            watchdog_s=0.02)  # fmt: skip
+        rt.run_program_cuda(
+            deadlocked, {"tokens": torch.tensor([3, 0, 9], device=DEVICE), "table": table}, watchdog_s=0.02
+        )
     with pytest.raises(rt.MegakernelFaultError, match="index out of range"):
         launch = rt.CudaProgram(good).bind({"tokens": torch.tensor([3, 10, 9], device=DEVICE), "table": table})
         launch.launch(check=False)
@@ -293,8 +322,10 @@ def test_code_predictor_loop_matches_vm(rt, batch, same_width):
     code0 = talker.embed_codec(torch.randint(0, talker.config.num_audio_codes, (batch,), generator=gen))
     tiling = TilingConfig(matvec_rows=20, lm_head_rows=12, heads_per_qkv_tile=3, partition_tokens=3)
     region = compile_region(predictor, RegionSpec.code_predictor_loop(), batch_size=batch, tiling=tiling, num_sms=5)
-    params = [SamplingParams.greedy() if b % 2 == 0 else SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
-              for b in range(batch)]  # fmt: skip
+    params = [
+        SamplingParams.greedy() if b % 2 == 0 else SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
+        for b in range(batch)
+    ]
     bound = {
         **code_predictor_inputs(region, predictor.new_cache(batch), hidden, code0),
         **sampling_inputs(params, seeds=[40 + b for b in range(batch)]),

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 
-
 def _load(name: str):
     """The benchmarks package sits at the repository root, where pytest runs (README: `python -m pytest`)."""
     return importlib.import_module(f"benchmarks.{name}")
@@ -31,10 +30,28 @@ def bench():
     return _load("megakernel_h200")
 
 
-
-
-VM_ARGS = ["--variant", "tiny", "--device", "cpu", "--executor", "vm", "--num-sms", "5", "--batches", "1,3",
-           "--contexts", "2,9", "--steps", "4", "--check-batch", "3", "--check-context", "9", "--check-steps", "3"]  # fmt: skip
+VM_ARGS = [
+    "--variant",
+    "tiny",
+    "--device",
+    "cpu",
+    "--executor",
+    "vm",
+    "--num-sms",
+    "5",
+    "--batches",
+    "1,3",
+    "--contexts",
+    "2,9",
+    "--steps",
+    "4",
+    "--check-batch",
+    "3",
+    "--check-context",
+    "9",
+    "--check-steps",
+    "3",
+]
 
 
 def test_correctness_matrix_on_the_vm_passes_with_bf16_tolerances(correctness, tmp_path, capsys):
@@ -86,8 +103,12 @@ def test_a_raising_cell_is_recorded_as_failed_and_the_matrix_goes_on(correctness
     report = json.loads(out.read_text())
     assert report["complete"] is True and report["passed"] is False
     bad, good = report["cells"]
-    assert bad == {"batch": 3, "context": 2, "error": "RuntimeError: megakernel watchdog: queue 3 position 7",
-                   "passed": False}  # fmt: skip
+    assert bad == {
+        "batch": 3,
+        "context": 2,
+        "error": "RuntimeError: megakernel watchdog: queue 3 position 7",
+        "passed": False,
+    }
     assert good["context"] == 9 and good["passed"] is True
     assert report["split_regions"]["passed"] is True
 
@@ -120,9 +141,32 @@ def test_benchmark_smoke_on_cpu_with_the_vm(bench, tmp_path):
     """Both Llama variants' tiny twins and the tiny Qwen3-TTS, eager megakernel (VM) and conventional,
     plus torch.compile with the eager backend at batch 1: fullgraph tracing, so a graph break fails."""
     out = tmp_path / "bench.json"
-    args = ["--device", "cpu", "--executor", "vm", "--llama-variants", "tiny,tiny-tied", "--qwen-preset",
-            "qwen3-tts-tiny", "--batches", "1,2", "--iters", "1", "--warmup", "3", "--compile-backend", "eager",
-            "--compile-batches", "1", "--context", "7", "--qwen-context", "5", "--out", str(out)]  # fmt: skip
+    args = [
+        "--device",
+        "cpu",
+        "--executor",
+        "vm",
+        "--llama-variants",
+        "tiny,tiny-tied",
+        "--qwen-preset",
+        "qwen3-tts-tiny",
+        "--batches",
+        "1,2",
+        "--iters",
+        "1",
+        "--warmup",
+        "3",
+        "--compile-backend",
+        "eager",
+        "--compile-batches",
+        "1",
+        "--context",
+        "7",
+        "--qwen-context",
+        "5",
+        "--out",
+        str(out),
+    ]
     assert bench.main(args) == 0
     report = json.loads(out.read_text())
     assert {"device", "date_utc", "commit", "torch_version", "copy_bandwidth_gbs"} <= set(report)
@@ -175,8 +219,27 @@ def test_benchmark_records_a_megakernel_error_and_goes_on(bench, tmp_path, monke
 
     monkeypatch.setattr(bench.Launcher, "launch", faulty)
     out = tmp_path / "bench.json"
-    args = ["--device", "cpu", "--executor", "vm", "--llama-variants", "tiny", "--qwen-preset", "none",
-            "--batches", "1,2", "--iters", "1", "--warmup", "3", "--no-compile", "--context", "5", "--out", str(out)]  # fmt: skip
+    args = [
+        "--device",
+        "cpu",
+        "--executor",
+        "vm",
+        "--llama-variants",
+        "tiny",
+        "--qwen-preset",
+        "none",
+        "--batches",
+        "1,2",
+        "--iters",
+        "1",
+        "--warmup",
+        "3",
+        "--no-compile",
+        "--context",
+        "5",
+        "--out",
+        str(out),
+    ]
     assert bench.main(args) == 0
     ok, bad = json.loads(out.read_text())["rows"]
     assert ok["megakernel_eager"]["ms"] > 0 and ok["speedup_vs_conventional_eager"] > 0
@@ -192,8 +255,26 @@ def test_reduced_correctness_matrix_on_the_gpu(correctness, tmp_path):
     """Llama-3.2-1B shapes (tied head), batches 1 and 7, contexts 1 and 300, 8 steps, plus the split and
     CUDA-graph checks: the CUDA megakernel against the fp32 reference."""
     out = tmp_path / "matrix.json"
-    rc = correctness.main(["--variant", "llama-3.2-1b", "--batches", "1,7", "--contexts", "1,300", "--steps", "8",
-                           "--check-batch", "7", "--check-context", "300", "--check-steps", "4", "--out", str(out)])  # fmt: skip
+    rc = correctness.main(
+        [
+            "--variant",
+            "llama-3.2-1b",
+            "--batches",
+            "1,7",
+            "--contexts",
+            "1,300",
+            "--steps",
+            "8",
+            "--check-batch",
+            "7",
+            "--check-context",
+            "300",
+            "--check-steps",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     failed = [c for c in report["cells"] if not c["passed"]]
     assert rc == 0 and report["passed"], json.dumps(
@@ -207,8 +288,24 @@ def test_reduced_correctness_matrix_on_the_gpu(correctness, tmp_path):
 def test_benchmark_smoke_on_the_gpu(bench, tmp_path):
     """Tiny models through the CUDA megakernel: every eager and CUDA-graph variant yields a time."""
     out = tmp_path / "bench.json"
-    assert bench.main(["--llama-variants", "tiny-tied", "--qwen-preset", "qwen3-tts-tiny", "--batches", "1,3",
-                       "--iters", "5", "--no-compile", "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        bench.main(
+            [
+                "--llama-variants",
+                "tiny-tied",
+                "--qwen-preset",
+                "qwen3-tts-tiny",
+                "--batches",
+                "1,3",
+                "--iters",
+                "5",
+                "--no-compile",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     for row in json.loads(out.read_text())["rows"]:
         for name in ("megakernel_eager", "megakernel_graph", "conventional_eager", "conventional_graph"):
             assert row[name].get("ms", 0) > 0, (row["variant"], row["batch"], name, row[name])

@@ -66,9 +66,15 @@ def _region_and_inputs(batch: int = 3):
     for slot, length in zip(slots, [1, 9, 17]):
         model.prefill(cache, slot, torch.randint(0, config.vocab_size, (length,), generator=gen))
     region = compile_region(
-        model, RegionSpec.full_step(2), batch_size=batch, max_context=40, num_cache_slots=5, cache_len=40,
-        tiling=TilingConfig(matvec_rows=24, lm_head_rows=100, partition_tokens=7), num_sms=8,
-    )  # fmt: skip
+        model,
+        RegionSpec.full_step(2),
+        batch_size=batch,
+        max_context=40,
+        num_cache_slots=5,
+        cache_len=40,
+        tiling=TilingConfig(matvec_rows=24, lm_head_rows=100, partition_tokens=7),
+        num_sms=8,
+    )
     params = [SamplingParams(temperature=0.9, top_k=20), SamplingParams.greedy(), SamplingParams(top_p=0.7)]
     bound = {
         **llama_decode_inputs(region, cache, slots, torch.tensor([5, 700, 33])[:batch]),

@@ -339,9 +339,15 @@ def _linear_chain(*, with_wait: bool, rows: tuple[int, int] = (0, 4)) -> Program
         ),
     )
     constants = RegionConstants(
-        batch_size=2, num_heads=1, num_kv_heads=1, head_dim=4, rms_norm_eps=1e-6, attn_scale=0.5,
-        partition_tokens=1, num_partitions=1,
-    )  # fmt: skip
+        batch_size=2,
+        num_heads=1,
+        num_kv_heads=1,
+        head_dim=4,
+        rms_norm_eps=1e-6,
+        attn_scale=0.5,
+        partition_tokens=1,
+        num_partitions=1,
+    )
     # Round-robin runs SM 0, then SM 1 (the consumer), then SM 2 (the second producer).
     return Program(constants=constants, buffers=buffers, instructions=insts, queues=((0,), (2,), (1,)), num_counters=1)
 
