@@ -14,7 +14,6 @@ import argparse
 import datetime
 import json
 import logging
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ from benchmarks.megakernel_conventional import (
     random_talker,
 )
 from benchmarks.megakernel_correctness import Launcher
+from benchmarks.timing import capture, copy_bandwidth_gbs, median_ms
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
 from tilevox.engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs
 from tilevox.models.qwen3_tts.talker import Talker
@@ -47,67 +47,6 @@ TARGET_MS = {("llama-3.2-1b", 1): 0.65, ("qwen3-tts-0.6b", 1): 1.0}
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def median_ms(
-    fn: Callable[[], object],
-    *,
-    iters: int,
-    warmup: int,
-    device: torch.device,
-    before: Callable[[], object] | None = None,
-) -> float:
-    """Median over `iters` runs of `fn`: CUDA events on a GPU, wall clock (after a sync) on CPU.
-    `before` runs ahead of each run, outside the timed span (e.g. resetting positions)."""
-    for _ in range(warmup):
-        if before is not None:
-            before()
-        fn()
-    times = []
-    for _ in range(iters):
-        if before is not None:
-            before()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def copy_bandwidth_gbs(device: torch.device, *, iters: int) -> float:
-    """Device-to-device copy of 1 GiB (64 MiB on CPU): bytes read + written per second."""
-    src = torch.empty((1 << 30) if device.type == "cuda" else (1 << 26), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src), iters=iters, warmup=3, device=device)
-    return 2 * src.numel() / (ms * 1e-3) / 1e9
-
-
-def capture(
-    fn: Callable[[], object], device: torch.device, before: Callable[[], object] | None = None
-) -> Callable[[], object]:
-    """Capture `fn` in a CUDA graph after warm-up runs on a side stream; returns the replay. `before`
-    runs ahead of each warm-up run and of the capture, outside the graph."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            if before is not None:
-                before()
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    if before is not None:
-        before()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def _error(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from benchmarks.megakernel_h200 import capture, median_ms
+from benchmarks.timing import capture, median_ms
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
 from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
 from tilevox.models.llama.config import LlamaConfig

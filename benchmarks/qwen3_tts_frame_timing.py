@@ -15,40 +15,19 @@ import datetime
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from benchmarks.common import commit
+from benchmarks.timing import capture, times_ms
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.qwen3_tts.loader import load_preset
 from tilevox.models.qwen3_tts.model import ModelOptions
 from tilevox.models.registry import parse_dtype
 
 PARTS = ("talker_step", "predictor_steps", "codec_decode_frame")
-
-
-def _time_ms(fn: Callable[[], object], iters: int, warmup: int, device: torch.device) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    else:
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times
 
 
 def _summary(times: list[float]) -> dict:
@@ -97,20 +76,6 @@ def _part_fns(model, batch: int, context: int) -> dict[str, Callable[[], object]
     return {"talker_step": talker_step, "predictor_steps": predictor_steps, "codec_decode_frame": codec_decode_frame}
 
 
-def _graph_fn(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
-    """Capture `fn` (after warm-up on a side stream, as torch.cuda.graphs recommends); returns replay."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def run(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     dtype = parse_dtype(args.dtype)
@@ -125,17 +90,17 @@ def run(args: argparse.Namespace) -> dict:
             for batch in args.batch_sizes:
                 fn = fns_by_batch[batch][part]
                 entry = results.setdefault(part, {}).setdefault(f"b{batch}", {})
-                entry["eager"] = _summary(_time_ms(fn, args.iters, args.warmup, device))
+                entry["eager"] = _summary(times_ms(fn, iters=args.iters, warmup=args.warmup, device=device))
                 if device.type != "cuda":
                     entry["cuda_graph"] = {"error": "CUDA graphs need a CUDA device"}
                     continue
                 try:
-                    replay = _graph_fn(fn, device)
+                    replay = capture(fn, device)
                 except Exception as exc:  # report any capture failure with its message, per part
                     entry["cuda_graph"] = {"error": f"capture failed: {type(exc).__name__}: {exc}".splitlines()[0]}
                     torch.cuda.synchronize(device)
                     continue
-                entry["cuda_graph"] = _summary(_time_ms(replay, args.iters, args.warmup, device))
+                entry["cuda_graph"] = _summary(times_ms(replay, iters=args.iters, warmup=args.warmup, device=device))
     return {
         "benchmark": "qwen3_tts_frame_timing",
         "preset": args.preset,
