@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.server.fake_model import FakeSpeechModel
@@ -32,6 +38,49 @@ def make_server(model, **overrides) -> ServerHandle:
     }
     kw.update(overrides)
     return ServerHandle(ServerConfig(**kw), model).start()
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def serve_subprocess(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, int, int]:
+    """`tilevox serve` as a user runs it, on free loopback ports: (process, HTTP port, gRPC port)."""
+    http_port, grpc_port = free_port(), free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "tilevox.server.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"OMP_NUM_THREADS": "1"} | (env or {}),
+    )
+    return proc, http_port, grpc_port
+
+
+def wait_ready(proc: subprocess.Popen, http_port: int, timeout_s: float = 60) -> None:
+    """Until GET /ready is 200; fails with the process's output if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if httpx.get(f"http://127.0.0.1:{http_port}/ready").status_code == 200:
+                return
+        except httpx.HTTPError:  # not listening yet
+            time.sleep(0.2)
+    raise AssertionError(f"server not ready within {timeout_s} s")
 
 
 @pytest.fixture(scope="module")

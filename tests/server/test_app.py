@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.server.conftest import free_port
+from tests.server.conftest import serve_subprocess, wait_ready
 from tests.server.fake_model import FakeSpeechModel
 from tilevox.server.config import ServerConfig
 
@@ -88,38 +85,10 @@ def test_config_validation(kwargs, match):
 
 @pytest.mark.slow
 def test_tilevox_serve_then_readme_curl_gives_playable_wav(tmp_path):
-    http_port, grpc_port = free_port(), free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "tilevox.server.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        str(http_port),
-        "--grpc-port",
-        str(grpc_port),
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
-    )
+    proc, http_port, _ = serve_subprocess()
     try:
         base = f"http://127.0.0.1:{http_port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(base + "/ready").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.2)
+        wait_ready(proc, http_port)
         # the README's curl example, as JSON
         r = httpx.post(
             base + "/v1/audio/speech",
@@ -138,14 +107,14 @@ def test_tilevox_serve_then_readme_curl_gives_playable_wav(tmp_path):
         samples, rate = soundfile.read(path)
         assert rate == 16000 and len(samples) == 16000 and np.abs(samples).max() > 0
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0
-    assert "no --model given: serving random:llama-tiny" in out
-    assert '"event": "server.stopped"' in out
+    assert "no --model given: serving random:llama-tiny" in err
+    assert '"event": "server.stopped"' in err
 
 
 def test_serve_rejects_more_streams_than_the_model_supports(capsys):

@@ -4,7 +4,6 @@ are taken, authentication that cannot be switched off by accident, JSON-only log
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -16,48 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import free_port
+from tests.server.conftest import free_port, serve_subprocess, wait_ready
 from tilevox.server.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, int, int]:
-    http_port, grpc_port = free_port(), free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "tilevox.server.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        str(http_port),
-        "--grpc-port",
-        str(grpc_port),
-        *args,
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ | {"OMP_NUM_THREADS": "1"} | (env or {}),
-    )
-    return proc, http_port, grpc_port
-
-
-def _wait_ready(proc: subprocess.Popen, http_port: int, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            if httpx.get(f"http://127.0.0.1:{http_port}/ready").status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise AssertionError("server not ready")
 
 
 @pytest.mark.parametrize(
@@ -97,9 +58,9 @@ def test_a_taken_port_fails_fast_and_names_itself(which, capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_a_second_server_cannot_share_the_grpc_port():
-    first, http_port, grpc_port = _serve()
+    first, http_port, grpc_port = serve_subprocess()
     try:
-        _wait_ready(first, http_port)
+        wait_ready(first, http_port)
         second = subprocess.run(
             [
                 sys.executable,
@@ -136,9 +97,9 @@ def _read_all(url: str, headers: dict, outcome: list) -> None:
 
 @pytest.mark.slow
 def test_logs_are_one_json_object_per_line_and_a_second_ctrl_c_forces_exit():
-    proc, http_port, _ = _serve("--drain-timeout", "60", "--api-key", "k")
+    proc, http_port, _ = serve_subprocess("--drain-timeout", "60", "--api-key", "k")
     try:
-        _wait_ready(proc, http_port)
+        wait_ready(proc, http_port)
         url = f"http://127.0.0.1:{http_port}/v1/audio/speech"
         auth = {"authorization": "Bearer k"}
         httpx.post(url, content=b'{"input": ' + b"[" * 5000, headers=auth)  # rejected: logged
