@@ -15,6 +15,7 @@ import torch
 
 from tilevox.models.llama.model import LlamaForCausalLM, rope_inv_freq
 from tilevox.models.qwen3_tts.code_predictor import CodePredictor
+from tilevox.models.qwen3_tts.layers import rope_inv_freq as qwen_rope_inv_freq
 from tilevox.models.qwen3_tts.talker import Talker
 
 __all__ = ["DecoderView", "LayerWeights", "ModelFamily", "decoder_view"]
@@ -69,10 +70,16 @@ class DecoderView:
         return len(self.layers)
 
 
-def _qwen_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    # Same arithmetic as models.qwen3_tts.layers.rope_cos_sin (int64 arange -> float, theta ** exponent).
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    return 1.0 / (theta**exponent)
+def _qwen_inv_freq(config) -> torch.Tensor:
+    """The stack's RoPE frequencies as the PyTorch model computes them (rope_scaling included). The
+    megakernel applies no attention scaling to cos/sin, so a scaling that needs one (yarn) is refused."""
+    inv_freq, attention_scaling = qwen_rope_inv_freq(config)
+    if attention_scaling != 1.0:
+        raise ValueError(
+            f"rope_scaling {config.rope_scaling.rope_type!r} scales cos/sin by {attention_scaling:.4f}; "
+            "the megakernel's RoPE has no such factor"
+        )
+    return inv_freq
 
 
 def _qwen_layers(stack) -> tuple[LayerWeights, ...]:
@@ -143,7 +150,7 @@ def decoder_view(model: torch.nn.Module) -> DecoderView:
             num_kv_heads=c.num_kv_heads,
             head_dim=c.head_dim,
             rms_norm_eps=c.rms_norm_eps,
-            inv_freq=_qwen_inv_freq(c.head_dim, c.rope_theta),
+            inv_freq=_qwen_inv_freq(c),
             layers=_qwen_layers(model.model),
             final_norm=model.model.norm.weight,
             embed_tables=(),
@@ -162,7 +169,7 @@ def decoder_view(model: torch.nn.Module) -> DecoderView:
             num_kv_heads=c.num_kv_heads,
             head_dim=c.head_dim,
             rms_norm_eps=c.rms_norm_eps,
-            inv_freq=_qwen_inv_freq(c.head_dim, c.rope_theta),
+            inv_freq=_qwen_inv_freq(c),
             layers=_qwen_layers(model.model),
             final_norm=model.model.norm.weight,
             embed_tables=tuple(t.weight for t in model.model.codec_embedding),

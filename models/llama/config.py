@@ -1,8 +1,9 @@
 """Configuration of a Llama decoder (Llama 3.x layout, as transformers' LlamaConfig).
 
 `LlamaConfig` is frozen and validated on construction; `from_hf_config` reads a checkpoint's
-config.json with transformers' defaults for absent keys, and `PRESETS` holds exact-size
-shapes for random-weight models. Imports: stdlib only.
+config.json with transformers' defaults for absent keys (unknown keys are logged, wrongly typed
+ones refused naming the key: models.config_fields), and `PRESETS` holds exact-size shapes for
+random-weight models. Imports: stdlib, models.config_fields.
 """
 
 from __future__ import annotations
@@ -11,9 +12,19 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tilevox.models.config_fields import config_bool, config_float, config_int, log_unknown_fields
+
 __all__ = ["LLAMA_PRESETS", "LlamaConfig"]
 
 _ROPE_TYPES = ("default", "llama3")
+# transformers LlamaConfig fields: read above, or known not to change inference (pretraining_tp
+# only splits the matmuls; mlp/attention dropout are off at inference). Others are logged.
+_HF_KNOWN_FIELDS = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+    "rope_scaling", "partial_rotary_factor", "tie_word_embeddings", "attention_bias", "mlp_bias", "model_type",
+    "pretraining_tp",
+})  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,12 +101,14 @@ class LlamaConfig:
         return replace(self, vocab_size=vocab_size)
 
     @classmethod
-    def from_hf_config(cls, hf: dict[str, Any]) -> "LlamaConfig":
+    def from_hf_config(cls, hf: dict[str, Any], *, source: str = "config.json") -> "LlamaConfig":
         """Build from a transformers LlamaConfig dict (config.json); absent keys take transformers' defaults.
 
-        Raises ValueError naming the key for anything this decoder does not implement."""
+        Raises ValueError naming the key (and the expected type) for a wrongly typed value or anything
+        this decoder does not implement; unknown keys are accepted and logged once (models.config_fields)."""
         if not isinstance(hf, dict):
             raise ValueError(f"config must be a dict, got {type(hf).__name__}")
+        log_unknown_fields(hf, _HF_KNOWN_FIELDS, source=source)
         model_type = hf.get("model_type", "llama")
         if model_type != "llama":
             raise ValueError(f"config.json model_type must be 'llama', got {model_type!r}")
@@ -122,29 +135,30 @@ class LlamaConfig:
                 if absent:
                     raise ValueError(f"config.json llama3 rope_scaling lacks: {', '.join(absent)}")
                 rope_kwargs.update(
-                    rope_factor=float(scaling["factor"]),
-                    rope_low_freq_factor=float(scaling["low_freq_factor"]),
-                    rope_high_freq_factor=float(scaling["high_freq_factor"]),
-                    rope_original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+                    rope_factor=config_float(scaling, "factor", section="rope_scaling"),
+                    rope_low_freq_factor=config_float(scaling, "low_freq_factor", section="rope_scaling"),
+                    rope_high_freq_factor=config_float(scaling, "high_freq_factor", section="rope_scaling"),
+                    rope_original_max_position_embeddings=config_int(
+                        scaling, "original_max_position_embeddings", section="rope_scaling"
+                    ),
                 )
-        if hf.get("partial_rotary_factor", 1.0) != 1.0:
+        if config_float(hf, "partial_rotary_factor", 1.0) != 1.0:
             raise ValueError("config.json partial_rotary_factor != 1 is not supported")
-        num_heads = hf["num_attention_heads"]
-        num_kv_heads = hf.get("num_key_value_heads")
+        num_heads = config_int(hf, "num_attention_heads")
         return cls(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=hf["num_hidden_layers"],
+            vocab_size=config_int(hf, "vocab_size"),
+            hidden_size=config_int(hf, "hidden_size"),
+            intermediate_size=config_int(hf, "intermediate_size"),
+            num_hidden_layers=config_int(hf, "num_hidden_layers"),
             num_attention_heads=num_heads,
-            num_key_value_heads=num_heads if num_kv_heads is None else num_kv_heads,
-            head_dim=hf.get("head_dim"),
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(hf.get("rope_theta", 10000.0)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bool(hf.get("attention_bias", False)),
-            mlp_bias=bool(hf.get("mlp_bias", False)),
+            num_key_value_heads=config_int(hf, "num_key_value_heads", num_heads),
+            head_dim=config_int(hf, "head_dim", None),
+            max_position_embeddings=config_int(hf, "max_position_embeddings", 2048),
+            rms_norm_eps=config_float(hf, "rms_norm_eps", 1e-6),
+            rope_theta=config_float(hf, "rope_theta", 10000.0),
+            tie_word_embeddings=config_bool(hf, "tie_word_embeddings", False),
+            attention_bias=config_bool(hf, "attention_bias", False),
+            mlp_bias=config_bool(hf, "mlp_bias", False),
             **rope_kwargs,
         )
 

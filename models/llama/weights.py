@@ -3,7 +3,8 @@
 Both paths allocate the parameters once, directly on the target device in the target dtype (no
 fp32 CPU copy of a 1B model, no init pass that is then overwritten). Loading is strict: a
 missing, unexpected or mis-shaped tensor raises CheckpointError naming it.
-Imports: torch, safetensors, models.errors, models.llama.
+A truncated or corrupt file raises CheckpointError naming it (models.checkpoint_io).
+Imports: torch, models.errors, models.checkpoint_io, models.llama.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
+from tilevox.models.checkpoint_io import SafetensorsFile, check_tensor_dtype
 from tilevox.models.errors import CheckpointError
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.model import LlamaForCausalLM
@@ -59,7 +60,7 @@ def load_llama_config(checkpoint_dir: str | Path) -> LlamaConfig:
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{config_path}: unreadable ({exc})") from exc
     try:
-        return LlamaConfig.from_hf_config(raw)
+        return LlamaConfig.from_hf_config(raw, source=str(config_path))
     except ValueError as exc:
         raise CheckpointError(f"{config_path}: {exc}") from exc
 
@@ -85,7 +86,7 @@ def read_safetensors_index(checkpoint_dir: str | Path) -> dict[str, Path]:
             path = root / file_name
             if not path.is_file():
                 raise CheckpointError(f"{path}: listed in {index_path.name} but missing")
-            with safe_open(str(path), framework="pt") as handle:
+            with SafetensorsFile(path) as handle:
                 present = set(handle.keys())
             for name in names:
                 if name not in present:
@@ -96,7 +97,7 @@ def read_safetensors_index(checkpoint_dir: str | Path) -> dict[str, Path]:
     if not files:
         raise CheckpointError(f"{root}: no *.safetensors files (and no model.safetensors.index.json)")
     for path in files:
-        with safe_open(str(path), framework="pt") as handle:
+        with SafetensorsFile(path) as handle:
             for name in handle.keys():
                 if name in locations:
                     raise CheckpointError(f"tensor {name!r} appears in both {locations[name]} and {path}")
@@ -140,15 +141,14 @@ def load_llama(checkpoint_dir: str | Path, *, device, dtype: torch.dtype,
     tied_pair: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for path, names in by_file.items():
-            with safe_open(str(path), framework="pt") as handle:
+            with SafetensorsFile(path) as handle:
                 for name in names:
-                    shape = tuple(handle.get_slice(name).get_shape())
+                    shape = handle.shape(name)
                     want = expected.get(name, expected.get("model.embed_tokens.weight"))
                     if shape != want:
                         raise CheckpointError(f"{path}: tensor {name!r} has shape {shape}, expected {want}")
-                    tensor = handle.get_tensor(name)
-                    if not tensor.is_floating_point():
-                        raise CheckpointError(f"{path}: tensor {name!r} has non-float dtype {tensor.dtype}")
+                    tensor = handle.tensor(name)
+                    check_tensor_dtype(name, tensor, dtype, where=str(path))
                     if config.tie_word_embeddings and name in (tied_name, "model.embed_tokens.weight"):
                         tied_pair[name] = tensor
                     if name in expected:

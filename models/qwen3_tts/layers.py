@@ -1,7 +1,8 @@
 """Qwen3 decoder building blocks shared by the talker and the code predictor, with a slot KV cache.
 
 Pure PyTorch reference math matching the official eager path: RMSNorm in fp32 then cast,
-per-head q/k RMSNorm before RoPE, rotate-half RoPE with cos/sin computed in fp32, GQA attention
+per-head q/k RMSNorm before RoPE, rotate-half RoPE with cos/sin computed in fp32 (rope_scaling
+applied as transformers' rope init functions: rope_inv_freq), GQA attention
 (softmax in fp32), SwiGLU. `KVCache` holds (layers, slots, kv_heads, max_len, head_dim) keys and
 values; a `CacheView` tells one forward which slots it touches and where each row writes, so
 streams at different positions step together in one batched forward.
@@ -10,6 +11,7 @@ Imports: torch and models.layers only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -19,18 +21,80 @@ from torch import nn
 from tilevox.models.layers import GatedMLP, RMSNorm
 from tilevox.models.qwen3_tts.config import TransformerConfig
 
-__all__ = ["CacheView", "DecoderLayer", "DecoderStack", "KVCache", "RMSNorm", "rope_cos_sin"]
+__all__ = ["CacheView", "DecoderLayer", "DecoderStack", "KVCache", "RMSNorm", "rope_cos_sin", "rope_inv_freq"]
+
+
+def rope_inv_freq(config: TransformerConfig, device=None) -> tuple[torch.Tensor, float]:
+    """(inv_freq (head_dim/2,) fp32, attention_scaling) of a stack's RoPE, as transformers' rope init
+    functions (4.57) compute them for the official code: default, linear, llama3 and yarn scaling
+    (config.rope_scaling). cos and sin are multiplied by attention_scaling (1 except for yarn)."""
+    dim, base, rs = config.head_dim, config.rope_theta, config.rope_scaling
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    inv_freq = 1.0 / (base**exponent)
+    if rs.rope_type == "default":
+        return inv_freq, 1.0
+    if rs.rope_type == "linear":
+        return inv_freq / rs.factor, 1.0
+    original_max = rs.original_max_position_embeddings or config.max_position_embeddings
+    if rs.rope_type == "llama3":
+        low_freq_wavelen = original_max / rs.low_freq_factor
+        high_freq_wavelen = original_max / rs.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rs.factor, inv_freq)
+        smooth = (original_max / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium, smoothed, scaled), 1.0
+    if rs.rope_type == "yarn":
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attention_factor = rs.attention_factor
+        if attention_factor is None:
+            if rs.mscale and rs.mscale_all_dim:
+                attention_factor = float(mscale(rs.factor, rs.mscale) / mscale(rs.factor, rs.mscale_all_dim))
+            else:
+                attention_factor = mscale(rs.factor)
+
+        def correction_dim(num_rotations: float) -> float:
+            return (dim * math.log(original_max / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = correction_dim(rs.beta_fast), correction_dim(rs.beta_slow)
+        if rs.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # as transformers: avoid a zero-width ramp
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low), 0, 1)
+        extrapolation = 1 - ramp  # 1: keep the original frequency, 0: interpolate (divide by factor)
+        pos_freqs = base ** (torch.arange(0, dim, 2, device=device).to(dtype=torch.float) / dim)
+        inv_freq = (1.0 / (rs.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+        return inv_freq, attention_factor
+    raise ValueError(f"rope_scaling type {rs.rope_type!r} is not implemented")
 
 
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    dtype: torch.dtype,
+    *,
+    inv_freq: torch.Tensor | None = None,
+    attention_scaling: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions (B, T) long -> cos, sin (B, T, head_dim) in `dtype` (computed in fp32)."""
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
-    inv_freq = 1.0 / (theta**exponent)  # (head_dim/2,)
-    freqs = positions.float()[..., None] * inv_freq  # (B, T, head_dim/2)
+    """positions (B, T) long -> cos, sin (B, T, head_dim) in `dtype` (computed in fp32). `inv_freq`
+    (from rope_inv_freq) replaces the default frequencies of `theta`; cos and sin are scaled by
+    `attention_scaling` before the cast, as in transformers."""
+    if inv_freq is None:
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
+        inv_freq = 1.0 / (theta**exponent)  # (head_dim/2,)
+    freqs = positions.float()[..., None] * inv_freq.to(positions.device)  # (B, T, head_dim/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, head_dim)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = emb.cos(), emb.sin()
+    if attention_scaling != 1.0:
+        cos, sin = cos * attention_scaling, sin * attention_scaling
+    return cos.to(dtype), sin.to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -150,12 +214,25 @@ class DecoderStack(nn.Module):
         self.config = config
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # RoPE frequencies with rope_scaling applied (fp32, CPU; a plain attribute, so .to(dtype) keeps it fp32).
+        self._scaled_rope = None if config.rope_scaling.rope_type == "default" else rope_inv_freq(config, "cpu")
+        self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._scaled_rope is None:
+            return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+        inv_freq, scaling = self._scaled_rope
+        on_device = self._inv_freq_by_device.get(positions.device)
+        if on_device is None:  # copied once per device (not during CUDA-graph capture of later steps)
+            on_device = self._inv_freq_by_device[positions.device] = inv_freq.to(positions.device)
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype, inv_freq=on_device,
+                            attention_scaling=scaling)  # fmt: skip
 
     def run_layers(self, x: torch.Tensor, view: CacheView) -> torch.Tensor:
         """x (B, T, hidden) new tokens at positions start..start+T-1 -> (B, T, hidden) after the final norm."""
         num_new = x.shape[1]
         positions = view.start[:, None] + torch.arange(num_new, device=x.device)  # (B, T)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = self._rope(positions, x.dtype)
         # Always masked: rows sit at different positions, and kv_len is static under CUDA graphs.
         mask = view.mask(num_new)
         for layer_idx, layer in enumerate(self.layers):

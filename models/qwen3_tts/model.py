@@ -3,7 +3,9 @@
 open_stream builds the dual-track prompt, prefills the stream's slot and samples codebook 0 of
 frame 0. step(ids) runs for all listed streams at once: the code predictor (codebooks 1..Q-1),
 one batched talker forward (each stream at its own position) sampling the next codebook 0, and
-the exact incremental codec decode. Sampling and stopping follow the official generate() (see
+the incremental codec decode: exact (equal to one full decode) by default, or, with
+ModelOptions.decode_mode "official_chunked", the official package's decode() of long audio
+(300-frame chunks, 25 frames of left context; differs from exact after frame 300 = 24 s). Sampling and stopping follow the official generate() (see
 `_sample_talker` and `step`). Imports: torch, numpy, models.*.
 """
 
@@ -27,7 +29,9 @@ from tilevox.models.region_backends import QWEN3_TTS_REGIONS, CodePredictorLoopB
 from tilevox.models.sampling import SamplingParams, make_generator, sample_tokens
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 
-__all__ = ["FrameObserver", "LogitObserver", "ModelOptions", "Qwen3TTSNetwork", "Qwen3TTSSpeechModel"]
+__all__ = ["DECODE_MODES", "FrameObserver", "LogitObserver", "ModelOptions", "Qwen3TTSNetwork", "Qwen3TTSSpeechModel"]
+
+DECODE_MODES = ("exact", "official_chunked")
 
 # (kind "talker" | "predictor", stream ids, head index (-1 for the talker), logits (B, V))
 LogitObserver = Callable[[str, tuple[int, ...], int, torch.Tensor], None]
@@ -41,8 +45,14 @@ class ModelOptions:
     max_seq_len: int = 4096  # prompt + generated tokens per slot
     audio_every_frames: int = 1  # decode and return audio every N frames (and at the end)
     text_layout: TextLayout | None = None  # None: the official default (streaming for clones only)
+    # "exact": samples equal one full decode of the utterance. "official_chunked": equal to the official
+    # qwen-tts decode(), which decodes in 300-frame chunks with 25 frames of left context, so audio past
+    # frame 300 (24 s) differs slightly from the exact decode (streams then decode one by one).
+    decode_mode: str = "exact"
 
     def __post_init__(self) -> None:
+        if self.decode_mode not in DECODE_MODES:
+            raise ValueError(f"decode_mode must be one of {DECODE_MODES}, got {self.decode_mode!r}")
         if self.max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {self.max_streams}")
         if self.max_seq_len < 16:
@@ -255,7 +265,8 @@ class Qwen3TTSSpeechModel(SpeechModel):
             raise RuntimeError(f"all {self.max_streams} stream slots are in use; close a stream first")
         talker_params, predictor_params = self._sampling(request)
         speaker_vector = ref_codes = None
-        decoder_state = self.codec_decoder.new_state(1)
+        chunked = self.options.decode_mode == "official_chunked"
+        decoder_state = self.codec_decoder.new_chunked_state(1) if chunked else self.codec_decoder.new_state(1)
         if spec.speaker_vector:
             wav = torch.as_tensor(np.asarray(request.voice_prompt.samples, dtype=np.float32), device=self.device)
             speaker_vector = self.network.speaker_encoder.embed(wav.to(self.dtype))
@@ -269,7 +280,11 @@ class Qwen3TTSSpeechModel(SpeechModel):
                     raise RuntimeError(f"encoder gave {ref_codes.shape[0]} frames, expected {spec.num_ref_frames}")
                 # Prime the decoder with the reference frames: upstream decodes ref + generated codes
                 # together and cuts the reference part off, so generated audio sees them as context.
-                self.codec_decoder.decode_incremental(ref_codes.T[None].to(self.device), decoder_state)
+                ref = ref_codes.T[None].to(self.device)
+                if chunked:  # the reference frames count toward the official chunk boundaries, as upstream
+                    self.codec_decoder.decode_incremental_chunked(ref, decoder_state)
+                else:
+                    self.codec_decoder.decode_incremental(ref, decoder_state)
         prefill = embed_layout(layout, self.talker, speaker_vector=speaker_vector, ref_codes=ref_codes)
         trailing = (
             self.talker.embed_text(torch.tensor(layout.trailing_text_ids, device=self.device, dtype=torch.long))
@@ -449,16 +464,23 @@ class Qwen3TTSSpeechModel(SpeechModel):
         return AudioChunk(stream_id=stream_id, samples=empty, num_new_frames=0, finish_reason=FinishReason.LENGTH)
 
     def _decode_pending(self, streams: Sequence[_Stream]) -> dict[int, np.ndarray]:
-        """Exact incremental decode of each stream's pending frames; streams with the same number
-        of pending frames decode as one batch (states merged and split again)."""
+        """Incremental decode of each stream's pending frames. Exact mode: streams with the same number
+        of pending frames decode as one batch (states merged and split again); official_chunked: one
+        stream at a time (ChunkedDecoderState)."""
         out: dict[int, np.ndarray] = {}
         by_count: dict[int, list[_Stream]] = {}
         for s in streams:
             if s.pending_frames:
                 by_count.setdefault(len(s.pending_frames), []).append(s)
-        for group in by_count.values():
+        if self.options.decode_mode == "official_chunked":  # per stream: chunk boundaries differ between streams
+            groups = [[s] for s in streams if s.pending_frames]
+        else:
+            groups = list(by_count.values())
+        for group in groups:
             codes = torch.stack([torch.stack(s.pending_frames, dim=1) for s in group])  # (B, Q, n)
-            if len(group) == 1:
+            if self.options.decode_mode == "official_chunked":
+                wav = self.codec_decoder.decode_incremental_chunked(codes, group[0].decoder_state)
+            elif len(group) == 1:
                 state = group[0].decoder_state
                 wav = self.codec_decoder.decode_incremental(codes, state)
             else:

@@ -4,7 +4,7 @@
 1024, hop 256, Hann 1024, 128 Slaney mel bands 0-12 kHz built here as librosa builds them, log
 with clamp 1e-5), always in fp32, then the ECAPA-TDNN in the module's dtype. The embedding goes
 straight into the talker's codec track. Parameter names match `speaker_encoder.*` in the
-checkpoint. Imports: numpy, torch, models.errors, models.qwen3_tts.speech_tokenizer.weights.
+checkpoint. Imports: numpy, torch, models.errors, models.config_fields, models.qwen3_tts.speech_tokenizer.weights.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tilevox.models.config_fields import log_unknown_fields
 from tilevox.models.errors import CheckpointError
 from tilevox.models.qwen3_tts.speech_tokenizer.weights import load_state_dict_strict, randomize_
 
@@ -86,13 +87,12 @@ class SpeakerEncoderConfig:
             )
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "SpeakerEncoderConfig":
-        """Parse `speaker_encoder_config`; unknown keys are rejected, as the official class does."""
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config.json") -> "SpeakerEncoderConfig":
+        """Parse `speaker_encoder_config`; unknown keys are accepted and logged once, as in every
+        config (models.config_fields)."""
         known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"speaker_encoder_config has unknown keys {unknown}; known: {sorted(known)}")
-        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        log_unknown_fields(data, known, source=source, section="speaker_encoder_config")
+        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
         return cls(**kwargs)
 
 

@@ -1,7 +1,7 @@
 """Sizes of the XCodec2 decoder (the 16 kHz, 50 frames/s codec behind Llasa TTS).
 
 `preset("full")` is the official HKUSTAudio/xcodec2 decoder; `preset("tiny")` keeps the same
-code book and STFT geometry but a small backbone, for CPU tests. Imports: stdlib only.
+code book and STFT geometry but a small backbone, for CPU tests. Imports: stdlib, models.config_fields.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from tilevox.models.config_fields import config_bool, config_int, config_int_list, log_unknown_fields
 
 __all__ = ["XCodec2Config"]
 
@@ -99,32 +101,42 @@ class XCodec2Config:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> XCodec2Config:
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config.json") -> XCodec2Config:
         """Build from `to_dict()` output, or from the official checkpoint's config.json.
 
         The package's config.json (model_type "xcodec"/"xcodec2") does not size the decoder:
         `CodecDecoderVocos()` is built with hard-coded defaults, so such a config maps to the
-        full preset, and a `codec_decoder_hidden_size` other than 1024 is rejected.
+        full preset, and a `codec_decoder_hidden_size` other than 1024 is rejected. Unknown keys
+        are accepted and logged once; a wrongly typed value raises ValueError naming the key
+        (models.config_fields).
         """
         if data.get("model_type") in _PACKAGE_MODEL_TYPES:
-            hidden = data.get("codec_decoder_hidden_size", 1024)
+            log_unknown_fields(data, _PACKAGE_FIELDS, source=source)
+            hidden = config_int(data, "codec_decoder_hidden_size", 1024)
             if hidden != 1024:
                 raise ValueError(
                     f"codec_decoder_hidden_size {hidden!r} is not served: the xcodec2 package always "
                     "builds a 1024-wide decoder"
                 )
-            if data.get("use_vocos", True) is not True:
+            if config_bool(data, "use_vocos", True) is not True:
                 raise ValueError("use_vocos must be true: only the Vocos (ISTFT) decoder exists in the package")
             return _PRESETS["full"]
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown XCodec2Config keys: {', '.join(unknown)}")
-        kwargs = dict(data)
-        if "fsq_levels" in kwargs:
-            kwargs["fsq_levels"] = tuple(kwargs["fsq_levels"])
+        log_unknown_fields(data, known, source=source)
+        kwargs: dict[str, Any] = {}
+        for name in known:
+            if name == "fsq_levels":
+                kwargs[name] = config_int_list(data, name, _DEFAULT.fsq_levels)
+            else:
+                kwargs[name] = config_int(data, name, getattr(_DEFAULT, name))
         return cls(**kwargs)
 
+
+_DEFAULT = XCodec2Config()
+# The xcodec2 package's BigCodecConfig fields (the encoder sizes do not concern the decoder).
+_PACKAGE_FIELDS = frozenset(
+    {"model_type", "semantic_hidden_size", "codec_encoder_hidden_size", "codec_decoder_hidden_size", "use_vocos"}
+)
 
 _PRESETS: dict[str, XCodec2Config] = {
     "full": XCodec2Config(),

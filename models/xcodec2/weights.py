@@ -3,7 +3,7 @@
 The official checkpoint (HKUSTAudio/xcodec2, `XCodec2Model.from_pretrained`) is a
 `model.safetensors` whose keys are the `XCodec2Model` module paths: `generator.*` (decoder and
 quantizer), `fc_post_a.*`, plus encoder-side tensors listed in `IGNORED_PREFIXES`.
-Imports: torch, safetensors, models.errors and models.xcodec2 only.
+Imports: torch, models.errors, models.checkpoint_io and models.xcodec2 only.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
+from tilevox.models.checkpoint_io import check_tensor_dtype, read_safetensors
 from tilevox.models.errors import CheckpointError
 from tilevox.models.xcodec2.config import XCodec2Config
 from tilevox.models.xcodec2.model import XCodec2Decoder
@@ -89,12 +89,8 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if not path.exists():
         raise CheckpointError(f"{path}: missing; expected XCodec2's {CHECKPOINT_FILE} (or a .pt/.pth/.ckpt file)")
     if path.suffix == ".safetensors":
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                # Reads only what the decoder may use: the semantic model alone is ~2.4 GB in fp32.
-                return {key: handle.get_tensor(key) for key in handle.keys() if not key.startswith(IGNORED_PREFIXES)}
-        except Exception as exc:  # safetensors raises its own types; report them as a bad checkpoint
-            raise CheckpointError(f"{path}: unreadable safetensors file ({exc})") from exc
+        # Reads only what the decoder may use: the semantic model alone is ~2.4 GB in fp32.
+        return read_safetensors(path, skip_prefixes=IGNORED_PREFIXES)
     if path.suffix in (".pt", ".pth", ".ckpt", ".bin"):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -114,7 +110,7 @@ def _read_config(path: Path) -> XCodec2Config:
     if not config_path.exists():
         return XCodec2Config.preset("full")
     try:
-        return XCodec2Config.from_dict(json.loads(config_path.read_text()))
+        return XCodec2Config.from_dict(json.loads(config_path.read_text()), source=str(config_path))
     except (OSError, json.JSONDecodeError, ValueError, TypeError) as exc:
         raise CheckpointError(f"{config_path}: not a usable XCodec2 config ({exc})") from exc
 
@@ -151,8 +147,7 @@ def load_xcodec2_decoder(
             raise CheckpointError(
                 f"{path}: tensor {key!r} has shape {tuple(state[key].shape)}, expected {tuple(shape)}"
             )
-        if not state[key].is_floating_point():
-            raise CheckpointError(f"{path}: tensor {key!r} has dtype {state[key].dtype}, expected a float")
+        check_tensor_dtype(key, state[key], dtype, where=str(path))
 
     model = XCodec2Decoder(config, device=device, dtype=dtype)
     if _WINDOW_KEY in state:

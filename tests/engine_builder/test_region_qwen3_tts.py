@@ -216,3 +216,28 @@ def test_predictor_loop_needs_the_kv_chain(talker):
     )
     with pytest.raises(ProgramError, match=r"race: #\d+ ATTN_PARTIAL reads k_cache"):
         check_program(program.with_instructions(no_chain))
+
+
+def test_rope_scaling_reaches_the_megakernel_or_refuses_it():
+    """The region adapter takes the talker's RoPE frequencies with rope_scaling applied (linear x2 halves
+    them) and refuses a scaling the kernel cannot express (yarn's cos/sin factor)."""
+    from tilevox.engine_builder.regions.adapters import decoder_view
+
+    base = Qwen3TTSConfig.from_dict(preset_config_dict("qwen3-tts-tiny")).talker
+    plain = decoder_view(Talker(base)).inv_freq
+    scaling = base.transformer.rope_scaling
+    linear = dataclasses.replace(
+        base,
+        transformer=dataclasses.replace(
+            base.transformer, rope_scaling=dataclasses.replace(scaling, rope_type="linear", factor=2.0)
+        ),
+    )
+    torch.testing.assert_close(decoder_view(Talker(linear)).inv_freq, plain / 2)
+    yarn = dataclasses.replace(
+        base,
+        transformer=dataclasses.replace(
+            base.transformer, rope_scaling=dataclasses.replace(scaling, rope_type="yarn", factor=4.0)
+        ),
+    )
+    with pytest.raises(ValueError, match="yarn"):
+        decoder_view(Talker(yarn))

@@ -5,7 +5,7 @@ official-chunked decode), encoder (audio -> codes for ICL prompts), loader and r
 """
 
 from tilevox.models.qwen3_tts.speech_tokenizer.config import PRESETS, SpeechDecoderConfig, SpeechTokenizerConfig
-from tilevox.models.qwen3_tts.speech_tokenizer.decoder import DecoderState, SpeechTokenizerDecoder
+from tilevox.models.qwen3_tts.speech_tokenizer.decoder import ChunkedDecoderState, DecoderState, SpeechTokenizerDecoder
 from tilevox.models.qwen3_tts.speech_tokenizer.encoder import SpeechTokenizerEncoder
 from tilevox.models.qwen3_tts.speech_tokenizer.weights import (
     load_speech_tokenizer,
@@ -17,6 +17,7 @@ from tilevox.models.qwen3_tts.speech_tokenizer.weights import (
 
 __all__ = [
     "PRESETS",
+    "ChunkedDecoderState",
     "DecoderState",
     "SpeechDecoderConfig",
     "SpeechTokenizerConfig",

@@ -3,7 +3,8 @@
 Mirrors `speech_tokenizer/config.json` of the official checkpoints (model_type
 `qwen3_tts_tokenizer_12hz`). Missing decoder keys take the official class defaults, as the
 official loader does. The encoder is a `transformers` Mimi model, so its config stays a dict of
-`MimiConfig` keyword arguments. Imports: stdlib only.
+`MimiConfig` keyword arguments. Unknown keys are logged, wrongly typed ones refused naming the key
+(models.config_fields). Imports: stdlib, models.config_fields.
 """
 
 from __future__ import annotations
@@ -14,9 +15,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tilevox.models.config_fields import config_bool, config_float, config_int, config_int_list, log_unknown_fields
+
 __all__ = ["PRESETS", "SpeechDecoderConfig", "SpeechTokenizerConfig"]
 
 MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
+# Keys read by from_dict, or known not to change decoding (max_position_embeddings only sizes the
+# official RoPE cache; attention_dropout is off at inference).
+_TOP_FIELDS = frozenset({
+    "model_type", "decoder_config", "encoder_config", "encoder_valid_num_quantizers", "input_sample_rate",
+    "output_sample_rate", "encode_downsample_rate", "decode_upsample_rate",
+})  # fmt: skip
+_DECODER_FIELDS = frozenset({
+    "codebook_size", "codebook_dim", "latent_dim", "hidden_size", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "intermediate_size", "num_hidden_layers", "sliding_window", "rms_norm_eps", "rope_theta",
+    "rope_scaling", "layer_scale_initial_scale", "num_quantizers", "upsample_rates", "upsampling_ratios",
+    "decoder_dim", "attention_bias", "hidden_act", "max_position_embeddings",
+})  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,50 +188,75 @@ class SpeechTokenizerConfig:
         return self.decoder.num_quantizers
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "SpeechTokenizerConfig":
-        """Parse `speech_tokenizer/config.json`. Raises ValueError naming a bad or missing key."""
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config.json") -> "SpeechTokenizerConfig":
+        """Parse `speech_tokenizer/config.json`. Raises ValueError naming a bad, wrongly typed or missing
+        key; unknown keys are accepted and logged once per `source` (models.config_fields). The
+        `encoder_config` goes to transformers' MimiConfig, which applies its own rules."""
         model_type = data.get("model_type", MODEL_TYPE)
         if model_type != MODEL_TYPE:
             raise ValueError(f"speech tokenizer model_type must be {MODEL_TYPE!r}, got {model_type!r}")
-        dec = dict(data.get("decoder_config") or {})
+        log_unknown_fields(data, _TOP_FIELDS, source=source)
+        dec = data.get("decoder_config") or {}
+        if not isinstance(dec, Mapping):
+            raise ValueError(f"decoder_config must be an object, got {type(dec).__name__}")
+        log_unknown_fields(dec, _DECODER_FIELDS, source=source, section="decoder_config")
         if "codebook_dim" not in dec:
             raise ValueError("decoder_config.codebook_dim is missing (the official decoder requires it)")
         rope_scaling = dec.get("rope_scaling")
-        if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) != "default":
+        if rope_scaling is not None and (
+            not isinstance(rope_scaling, Mapping) or rope_scaling.get("rope_type", rope_scaling.get("type")) != "default"
+        ):
             raise ValueError(f"decoder_config.rope_scaling {rope_scaling!r} is not supported (only default RoPE)")
         if dec.get("hidden_act", "silu") != "silu":
             raise ValueError(f"decoder_config.hidden_act must be 'silu', got {dec['hidden_act']!r}")
+        sec = "decoder_config"
+
+        def dint(key: str, default: Any) -> Any:
+            return config_int(dec, key, default, section=sec)
+
+        def dfloat(key: str, default: float) -> float:
+            return config_float(dec, key, default, section=sec)
+
         # The official class defaults (not this dataclass's official-size defaults) apply to missing keys.
-        hidden = int(dec.get("hidden_size", 1024))
-        heads = int(dec.get("num_attention_heads", 16))
+        hidden = dint("hidden_size", 1024)
+        heads = dint("num_attention_heads", 16)
+        head_dim = dint("head_dim", None)
+        if head_dim is None:
+            if heads < 1 or hidden % heads:
+                raise ValueError(f"decoder_config: head_dim is absent and hidden_size {hidden} is not a multiple "
+                                 f"of num_attention_heads {heads}")  # fmt: skip
+            head_dim = hidden // heads
         decoder = SpeechDecoderConfig(
-            codebook_size=int(dec.get("codebook_size", 2048)),
-            codebook_dim=int(dec["codebook_dim"]),
-            latent_dim=int(dec.get("latent_dim", 1024)),
+            codebook_size=dint("codebook_size", 2048),
+            codebook_dim=config_int(dec, "codebook_dim", section=sec),
+            latent_dim=dint("latent_dim", 1024),
             hidden_size=hidden,
             num_attention_heads=heads,
-            num_key_value_heads=int(dec.get("num_key_value_heads", 16)),
-            head_dim=int(dec.get("head_dim") or hidden // heads),
-            intermediate_size=int(dec.get("intermediate_size", 3072)),
-            num_hidden_layers=int(dec.get("num_hidden_layers", 8)),
-            sliding_window=int(dec.get("sliding_window", 72)),
-            rms_norm_eps=float(dec.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(dec.get("rope_theta", 10000.0)),
-            layer_scale_initial_scale=float(dec.get("layer_scale_initial_scale", 0.01)),
-            num_quantizers=int(dec.get("num_quantizers", 16)),
-            upsample_rates=tuple(int(r) for r in dec.get("upsample_rates", (8, 5, 4, 3))),
-            upsampling_ratios=tuple(int(r) for r in dec.get("upsampling_ratios", (2, 2))),
-            decoder_dim=int(dec.get("decoder_dim", 1536)),
-            attention_bias=bool(dec.get("attention_bias", False)),
+            num_key_value_heads=dint("num_key_value_heads", 16),
+            head_dim=head_dim,
+            intermediate_size=dint("intermediate_size", 3072),
+            num_hidden_layers=dint("num_hidden_layers", 8),
+            sliding_window=dint("sliding_window", 72),
+            rms_norm_eps=dfloat("rms_norm_eps", 1e-5),
+            rope_theta=dfloat("rope_theta", 10000.0),
+            layer_scale_initial_scale=dfloat("layer_scale_initial_scale", 0.01),
+            num_quantizers=dint("num_quantizers", 16),
+            upsample_rates=config_int_list(dec, "upsample_rates", (8, 5, 4, 3), section=sec),
+            upsampling_ratios=config_int_list(dec, "upsampling_ratios", (2, 2), section=sec),
+            decoder_dim=dint("decoder_dim", 1536),
+            attention_bias=config_bool(dec, "attention_bias", False, section=sec),
         )
+        encoder_config = data.get("encoder_config") or {}
+        if not isinstance(encoder_config, Mapping):
+            raise ValueError(f"encoder_config must be an object, got {type(encoder_config).__name__}")
         return cls(
             decoder=decoder,
-            encoder_config=dict(data.get("encoder_config") or {}),
-            encoder_valid_num_quantizers=int(data.get("encoder_valid_num_quantizers", 16)),
-            input_sample_rate=int(data.get("input_sample_rate", 24000)),
-            output_sample_rate=int(data.get("output_sample_rate", 24000)),
-            encode_downsample_rate=int(data.get("encode_downsample_rate", 1920)),
-            decode_upsample_rate=int(data.get("decode_upsample_rate", 1920)),
+            encoder_config=dict(encoder_config),
+            encoder_valid_num_quantizers=config_int(data, "encoder_valid_num_quantizers", 16),
+            input_sample_rate=config_int(data, "input_sample_rate", 24000),
+            output_sample_rate=config_int(data, "output_sample_rate", 24000),
+            encode_downsample_rate=config_int(data, "encode_downsample_rate", 1920),
+            decode_upsample_rate=config_int(data, "decode_upsample_rate", 1920),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,8 +4,10 @@
 over the whole utterance), equal to the official `decoder(codes)`. `decode_incremental` keeps
 per-layer state (causal-conv input tails, transposed-conv overlaps, the last window-1 frames of
 keys/values per attention layer, per-row positions), so decoding any split of an utterance into
-pieces yields the same samples as one `forward` (up to float rounding). Parameter names match
-the official checkpoint (`decoder.*` in speech_tokenizer/model.safetensors). Imports: torch, models.layers.
+pieces yields the same samples as one `forward` (up to float rounding). `chunked_decode` is the
+official long-audio decode (`decode()`: 300-frame chunks, 25 frames of left context), and
+`decode_incremental_chunked` streams it exactly (ChunkedDecoderState). Parameter names match the
+official checkpoint (`decoder.*` in speech_tokenizer/model.safetensors). Imports: torch, models.layers.
 """
 
 from __future__ import annotations
@@ -20,7 +22,17 @@ from torch import nn
 from tilevox.models.layers import GatedMLP, RMSNorm
 from tilevox.models.qwen3_tts.speech_tokenizer.config import SpeechDecoderConfig
 
-__all__ = ["DecoderState", "SpeechTokenizerDecoder"]
+__all__ = [
+    "DEFAULT_CHUNK_FRAMES",
+    "DEFAULT_CHUNK_LEFT_CONTEXT_FRAMES",
+    "ChunkedDecoderState",
+    "DecoderState",
+    "SpeechTokenizerDecoder",
+]
+
+# The official decode(): chunked_decode(codes, chunk_size=300, left_context_size=25).
+DEFAULT_CHUNK_FRAMES = 300
+DEFAULT_CHUNK_LEFT_CONTEXT_FRAMES = 25
 
 
 @dataclass(slots=True)
@@ -73,6 +85,29 @@ class DecoderState:
             values=[torch.cat([s.values[i] for s in states]) for i in range(len(first.values))],
             positions=torch.cat([s.positions for s in states]),
         )
+
+
+@dataclass(slots=True)
+class ChunkedDecoderState:
+    """Streaming state that reproduces the official chunked decode exactly.
+
+    The official decode() cuts an utterance into chunks [k*C, (k+1)*C) (C = 300 frames) and decodes
+    chunk k >= 1 from scratch over [k*C - L, (k+1)*C) (L = 25), dropping the audio of its L context
+    frames. The decoder is causal, so a fresh DecoderState fed from frame k*C - L gives that chunk's
+    samples incrementally: `emitter` produces the samples of the current chunk, and `warm` (a fresh
+    state started L frames before the next chunk, its output dropped) takes over at the boundary.
+    No added latency; the cost is L extra frames of decode per C frames. All rows of a batch share
+    `frames` (one stream per state in practice)."""
+
+    emitter: DecoderState
+    warm: DecoderState | None
+    frames: int  # frames decoded so far (all rows)
+    chunk_frames: int
+    left_context_frames: int
+
+    @property
+    def batch_size(self) -> int:
+        return self.emitter.batch_size
 
 
 # ----------------------------------------------------------------------------------------------
@@ -470,6 +505,51 @@ class SpeechTokenizerDecoder(nn.Module):
             h = module.step(h, state)
         state.positions.add_(codes.shape[-1])
         return h.clamp(-1.0, 1.0)[:, 0]
+
+    def new_chunked_state(
+        self,
+        batch_size: int,
+        chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        left_context_frames: int = DEFAULT_CHUNK_LEFT_CONTEXT_FRAMES,
+    ) -> ChunkedDecoderState:
+        """Fresh state for `decode_incremental_chunked` (the official chunking by default)."""
+        if left_context_frames < 0 or chunk_frames <= left_context_frames:
+            # chunk <= context would make the official rule decode early chunks from frame 0 instead.
+            raise ValueError(
+                f"need chunk_frames > left_context_frames >= 0, got {chunk_frames} and {left_context_frames}"
+            )
+        return ChunkedDecoderState(
+            emitter=self.new_state(batch_size),
+            warm=None,
+            frames=0,
+            chunk_frames=chunk_frames,
+            left_context_frames=left_context_frames,
+        )
+
+    def decode_incremental_chunked(self, codes: torch.Tensor, state: ChunkedDecoderState) -> torch.Tensor:
+        """Decode the next n >= 1 frames (B, Q, n), updating `state`; returns (B, n * samples_per_frame),
+        the samples `chunked_decode` (the official decode()) has at those frames, whatever the split."""
+        self._check_codes(codes)
+        total = codes.shape[-1]
+        if total < 1:
+            raise ValueError("decode_incremental_chunked needs at least one frame")
+        pieces, pos = [], 0
+        while pos < total:
+            next_start = (state.frames // state.chunk_frames + 1) * state.chunk_frames
+            warm_start = next_start - state.left_context_frames
+            boundary = warm_start if state.frames < warm_start else next_start
+            take = min(total - pos, boundary - state.frames)
+            segment = codes[..., pos : pos + take]
+            pieces.append(self.decode_incremental(segment, state.emitter))
+            if state.warm is not None:
+                self.decode_incremental(segment, state.warm)  # the next chunk's left context: audio dropped
+            pos += take
+            state.frames += take
+            if state.frames == warm_start and state.warm is None:
+                state.warm = self.new_state(state.batch_size)
+            if state.frames == next_start:
+                state.emitter, state.warm = state.warm, None
+        return torch.cat(pieces, dim=-1)
 
     def chunked_decode(self, codes: torch.Tensor, chunk: int = 300, left_context: int = 25) -> torch.Tensor:
         """The official long-audio decode: `chunk`-frame pieces, each re-decoding up to

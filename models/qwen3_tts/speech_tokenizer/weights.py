@@ -3,7 +3,7 @@
 Loading is strict: a missing, unexpected or mis-shaped tensor raises CheckpointError naming it.
 Random weights are scaled by fan-in (so activations stay O(1) at any size and the clamped
 output is not saturated) and give codebooks non-zero vectors (HF init leaves them at zero,
-which decodes to silence). Imports: torch, safetensors, models.errors, this package.
+which decodes to silence). Imports: torch, safetensors, models.errors, models.checkpoint_io, this package.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
+from tilevox.models.checkpoint_io import check_tensor_dtype, read_safetensors
 from tilevox.models.errors import CheckpointError
 from tilevox.models.qwen3_tts.speech_tokenizer.config import SpeechTokenizerConfig
 from tilevox.models.qwen3_tts.speech_tokenizer.decoder import SpeechTokenizerDecoder
@@ -32,8 +33,8 @@ __all__ = [
 
 
 def load_state_dict_strict(module: nn.Module, tensors: Mapping[str, torch.Tensor], *, where: str) -> None:
-    """Copy `tensors` into `module`, raising CheckpointError on any missing, unexpected or mis-shaped
-    tensor. `where` prefixes messages (file and key prefix, e.g. ".../model.safetensors: decoder.")."""
+    """Copy `tensors` into `module`, raising CheckpointError on any missing, unexpected, mis-shaped or
+    wrongly typed (non-float for a float tensor, or the reverse) tensor. `where` prefixes messages (file and key prefix, e.g. ".../model.safetensors: decoder.")."""
     expected = module.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
@@ -48,6 +49,8 @@ def load_state_dict_strict(module: nn.Module, tensors: Mapping[str, torch.Tensor
             raise CheckpointError(
                 f"{where}{name}: shape {tuple(tensors[name].shape)} does not match the config's {tuple(target.shape)}"
             )
+        file, _, prefix = where.rpartition(": ")
+        check_tensor_dtype(prefix + name, tensors[name], target, where=file or where)
     with torch.no_grad():
         for name, target in expected.items():
             target.copy_(tensors[name])
@@ -62,7 +65,7 @@ def _read_config(directory: Path) -> SpeechTokenizerConfig:
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: unreadable ({exc})") from exc
     try:
-        return SpeechTokenizerConfig.from_dict(data)
+        return SpeechTokenizerConfig.from_dict(data, source=str(path))
     except (ValueError, TypeError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
 
@@ -81,12 +84,7 @@ def load_speech_tokenizer(
     directory = Path(directory)
     config = _read_config(directory)
     weights_path = directory / "model.safetensors"
-    if not weights_path.is_file():
-        raise CheckpointError(f"{weights_path}: missing")
-    try:
-        tensors = load_file(str(weights_path))
-    except Exception as exc:  # safetensors raises its own error types for corrupt files
-        raise CheckpointError(f"{weights_path}: unreadable ({exc})") from exc
+    tensors = read_safetensors(weights_path)
     groups: dict[str, dict[str, torch.Tensor]] = {"decoder.": {}, "encoder.": {}}
     for name, tensor in tensors.items():
         prefix = next((p for p in groups if name.startswith(p)), None)

@@ -47,11 +47,10 @@ def test_validation_messages(overrides, message):
         dataclasses.replace(XCodec2Config.preset("full"), **overrides)
 
 
-def test_unknown_preset_and_keys():
+def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown XCodec2 preset 'huge'"):
         XCodec2Config.preset("huge")
-    with pytest.raises(ValueError, match="unknown XCodec2Config keys: depth"):
-        XCodec2Config.from_dict({"depth": 12})
+    # unknown config keys are accepted and logged: tests/models/test_checkpoint_loader_defects.py
 
 
 def test_package_config_json_maps_to_full():
