@@ -29,7 +29,7 @@ class SafetensorsFile:
         self.path = Path(path)
         self._handle = None
 
-    def __enter__(self) -> "SafetensorsFile":
+    def __enter__(self) -> SafetensorsFile:
         if not self.path.is_file():
             raise CheckpointError(f"{self.path}: missing")
         try:

@@ -1,8 +1,8 @@
 """Exceptions raised by model loading and request validation.
 
-    ValueError
-      └── RequestError          a request this model cannot serve (unknown voice, text too long)
-    CheckpointError             a checkpoint that cannot be loaded (missing file or tensor, bad shape)
+ValueError
+  └── RequestError          a request this model cannot serve (unknown voice, text too long)
+CheckpointError             a checkpoint that cannot be loaded (missing file or tensor, bad shape)
 """
 
 __all__ = ["CheckpointError", "RequestError"]

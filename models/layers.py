@@ -31,7 +31,9 @@ class RMSNorm(nn.Module):
 class GatedMLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, *, bias: bool = False, device=None, dtype=None) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, *, bias: bool = False, device=None, dtype=None
+    ) -> None:
         super().__init__()
         kw = {"bias": bias, "device": device, "dtype": dtype}
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)

@@ -49,16 +49,14 @@ class SamplingParams:
         if self.max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.min_new_tokens > self.max_new_tokens:
-            raise RequestError(
-                f"min_new_tokens ({self.min_new_tokens}) exceeds max_new_tokens ({self.max_new_tokens})"
-            )
+            raise RequestError(f"min_new_tokens ({self.min_new_tokens}) exceeds max_new_tokens ({self.max_new_tokens})")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
 
     @classmethod
-    def greedy(cls, **overrides) -> "SamplingParams":
+    def greedy(cls, **overrides) -> SamplingParams:
         return cls(temperature=0.0, top_k=0, top_p=1.0, **overrides)
 
 

@@ -173,7 +173,9 @@ class SynthesisResult:
         return self.wall_time_s / self.duration_s if self.samples.size else float("inf")
 
 
-def synthesize(model: SpeechModel, request: SynthesisRequest, *, on_chunk: Callable[[AudioChunk], None] | None = None) -> SynthesisResult:
+def synthesize(
+    model: SpeechModel, request: SynthesisRequest, *, on_chunk: Callable[[AudioChunk], None] | None = None
+) -> SynthesisResult:
     """Run one request to completion on its own (batch of one); `on_chunk` sees every step's chunk (progress)."""
     start = time.perf_counter()
     stream_id = model.open_stream(request)

@@ -19,12 +19,28 @@ __all__ = ["LLAMA_PRESETS", "LlamaConfig"]
 _ROPE_TYPES = ("default", "llama3")
 # transformers LlamaConfig fields: read above, or known not to change inference (pretraining_tp
 # only splits the matmuls; mlp/attention dropout are off at inference). Others are logged.
-_HF_KNOWN_FIELDS = frozenset({
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta",
-    "rope_scaling", "partial_rotary_factor", "tie_word_embeddings", "attention_bias", "mlp_bias", "model_type",
-    "pretraining_tp",
-})  # fmt: skip
+_HF_KNOWN_FIELDS = frozenset(
+    {
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling",
+        "partial_rotary_factor",
+        "tie_word_embeddings",
+        "attention_bias",
+        "mlp_bias",
+        "model_type",
+        "pretraining_tp",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,8 +66,15 @@ class LlamaConfig:
     mlp_bias: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -97,11 +120,11 @@ class LlamaConfig:
     def num_key_value_groups(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
-    def with_vocab_size(self, vocab_size: int) -> "LlamaConfig":
+    def with_vocab_size(self, vocab_size: int) -> LlamaConfig:
         return replace(self, vocab_size=vocab_size)
 
     @classmethod
-    def from_hf_config(cls, hf: dict[str, Any], *, source: str = "config.json") -> "LlamaConfig":
+    def from_hf_config(cls, hf: dict[str, Any], *, source: str = "config.json") -> LlamaConfig:
         """Build from a transformers LlamaConfig dict (config.json); absent keys take transformers' defaults.
 
         Raises ValueError naming the key (and the expected type) for a wrongly typed value or anything
@@ -163,7 +186,7 @@ class LlamaConfig:
         )
 
     @classmethod
-    def preset(cls, name: str) -> "LlamaConfig":
+    def preset(cls, name: str) -> LlamaConfig:
         if name not in LLAMA_PRESETS:
             raise ValueError(f"unknown Llama preset {name!r}; known: {', '.join(LLAMA_PRESETS)}")
         return LLAMA_PRESETS[name]

@@ -84,8 +84,13 @@ class LlamaKVCache:
                 f"max_seq_len must be in [1, {config.max_position_embeddings}] (max_position_embeddings), "
                 f"got {max_seq_len}"
             )
-        shape = (config.num_hidden_layers, max_streams, config.num_key_value_heads, max_seq_len,
-                 config.resolved_head_dim)
+        shape = (
+            config.num_hidden_layers,
+            max_streams,
+            config.num_key_value_heads,
+            max_seq_len,
+            config.resolved_head_dim,
+        )
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_streams = max_streams
@@ -182,8 +187,14 @@ class LlamaDecoderLayer(nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.self_attn = LlamaAttention(config, layer_idx, **kw)
         # skip_init: random_llama and load_llama always set the weights (see _Linear)
-        self.mlp = nn.utils.skip_init(GatedMLP, config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
-                                      device=device or torch.get_default_device(), dtype=dtype)
+        self.mlp = nn.utils.skip_init(
+            GatedMLP,
+            config.hidden_size,
+            config.intermediate_size,
+            bias=config.mlp_bias,
+            device=device or torch.get_default_device(),
+            dtype=dtype,
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
 
@@ -229,8 +240,9 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head.weight.dtype
 
     def new_cache(self, *, max_streams: int, max_seq_len: int) -> LlamaKVCache:
-        return LlamaKVCache(self.config, max_streams=max_streams, max_seq_len=max_seq_len,
-                            device=self.device, dtype=self.dtype)
+        return LlamaKVCache(
+            self.config, max_streams=max_streams, max_seq_len=max_seq_len, device=self.device, dtype=self.dtype
+        )
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._inv_freq is None or self._inv_freq.device != positions.device:
@@ -239,8 +251,9 @@ class LlamaForCausalLM(nn.Module):
         angles = torch.cat((freqs, freqs), dim=-1)  # (B, T, D)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(self, token_ids: torch.Tensor, cache: LlamaKVCache, slots: torch.Tensor,
-                positions: torch.Tensor, num_keys: int) -> torch.Tensor:
+    def forward(
+        self, token_ids: torch.Tensor, cache: LlamaKVCache, slots: torch.Tensor, positions: torch.Tensor, num_keys: int
+    ) -> torch.Tensor:
         """token_ids, positions (B, T) on the model's device; slots (B,). Returns hidden states (B, T, hidden)
         after the final norm; attends to cached keys [0, num_keys) up to each query's own position."""
         x = self.model.embed_tokens(token_ids)
@@ -252,8 +265,9 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x)
 
     @torch.inference_mode()
-    def prefill(self, cache: LlamaKVCache, slot: int, token_ids: torch.Tensor, *,
-                all_logits: bool = False) -> torch.Tensor:
+    def prefill(
+        self, cache: LlamaKVCache, slot: int, token_ids: torch.Tensor, *, all_logits: bool = False
+    ) -> torch.Tensor:
         """Append `token_ids` (T,) to `slot`; returns the last position's logits (V,), or (T, V) with all_logits."""
         cache._check_slot(slot)
         if token_ids.dim() != 1 or token_ids.numel() == 0:

@@ -110,8 +110,9 @@ def _name_list(names: list[str], limit: int = 8) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def load_llama(checkpoint_dir: str | Path, *, device, dtype: torch.dtype,
-               config: LlamaConfig | None = None) -> LlamaForCausalLM:
+def load_llama(
+    checkpoint_dir: str | Path, *, device, dtype: torch.dtype, config: LlamaConfig | None = None
+) -> LlamaForCausalLM:
     """Load config.json (unless `config` is given) and the safetensors weights, cast to `dtype`."""
     _check_dtype(dtype)
     root = Path(checkpoint_dir)

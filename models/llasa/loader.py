@@ -48,17 +48,35 @@ class LlasaPreset:
 
 LLASA_PRESETS: dict[str, LlasaPreset] = {
     # 4,096 of the 65,536 codes keep the tiny vocabulary (and so sampling) small.
-    "llama-tiny": LlasaPreset(llama="tiny", codec="tiny", max_streams=8, max_seq_len=LLASA_MAX_SEQ_LEN,
-                              vocab_size=None, num_speech_tokens=4096),
+    "llama-tiny": LlasaPreset(
+        llama="tiny",
+        codec="tiny",
+        max_streams=8,
+        max_seq_len=LLASA_MAX_SEQ_LEN,
+        vocab_size=None,
+        num_speech_tokens=4096,
+    ),
     # Real sizes: 128256 Llama + 8 markers + 65536 speech tokens. The random tokenizer uses only its
     # first 65,805 ids; the rest are masked out like any non-speech token.
-    "llama-1b": LlasaPreset(llama="1b", codec="full", max_streams=DEFAULT_MAX_STREAMS,
-                            max_seq_len=LLASA_MAX_SEQ_LEN, vocab_size=193800, num_speech_tokens=None),
+    "llama-1b": LlasaPreset(
+        llama="1b",
+        codec="full",
+        max_streams=DEFAULT_MAX_STREAMS,
+        max_seq_len=LLASA_MAX_SEQ_LEN,
+        vocab_size=193800,
+        num_speech_tokens=None,
+    ),
 }
 
 
-def load_preset(preset_name: str, *, device: str | torch.device, dtype: torch.dtype,
-                max_streams: int | None = None, max_seq_len: int | None = None) -> LlasaModel:
+def load_preset(
+    preset_name: str,
+    *,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    max_streams: int | None = None,
+    max_seq_len: int | None = None,
+) -> LlasaModel:
     """A seeded random-weight Llasa (its audio is noise); weights are allocated on `device` directly."""
     if preset_name not in LLASA_PRESETS:
         raise ValueError(f"unknown Llasa preset {preset_name!r}; known: {', '.join(LLASA_PRESETS)}")
@@ -103,8 +121,14 @@ def resolve_xcodec2_dir(checkpoint_dir: Path, xcodec2_dir: str | Path | None = N
     )
 
 
-def load_checkpoint(path: str | Path, *, device: str | torch.device, dtype: torch.dtype,
-                    max_streams: int = DEFAULT_MAX_STREAMS, xcodec2_dir: str | Path | None = None) -> LlasaModel:
+def load_checkpoint(
+    path: str | Path,
+    *,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    max_streams: int = DEFAULT_MAX_STREAMS,
+    xcodec2_dir: str | Path | None = None,
+) -> LlasaModel:
     """Load a Llasa checkpoint directory (config.json, *.safetensors, tokenizer.json) and its XCodec2."""
     root = Path(path)
     device = torch.device(device)

@@ -103,8 +103,10 @@ class LlasaModel(SpeechModel):
         self.max_seq_len = max_seq_len
         self._is_random = is_random
         self.token_observer = token_observer
-        self._codec_options = {"left_context_frames": codec_left_context_frames,
-                               "lookahead_frames": codec_lookahead_frames}
+        self._codec_options = {
+            "left_context_frames": codec_left_context_frames,
+            "lookahead_frames": codec_lookahead_frames,
+        }
         self._cache: LlamaKVCache = llama.new_cache(max_streams=max_streams, max_seq_len=max_seq_len)
         self._streams: dict[int, _Stream] = {}
         self._next_id = itertools.count(1)
@@ -134,8 +136,13 @@ class LlasaModel(SpeechModel):
         return (self.llama,)
 
     def voices(self) -> tuple[VoiceInfo, ...]:
-        return (VoiceInfo(name=DEFAULT_VOICE, languages=("zh", "en"),
-                          description="Llasa's single voice: a text-only prompt, no speaker conditioning"),)
+        return (
+            VoiceInfo(
+                name=DEFAULT_VOICE,
+                languages=("zh", "en"),
+                description="Llasa's single voice: a text-only prompt, no speaker conditioning",
+            ),
+        )
 
     def validate(self, request: SynthesisRequest) -> None:
         self._prompt_ids(request)

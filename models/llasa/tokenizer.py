@@ -42,8 +42,7 @@ _PROMPT_PREFIX = (
     "<|start_header_id|>user<|end_header_id|>\n\nConvert the text to speech:<|TEXT_UNDERSTANDING_START|>"
 )
 _PROMPT_SUFFIX = (
-    "<|TEXT_UNDERSTANDING_END|><|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
-    "<|SPEECH_GENERATION_START|>"
+    "<|TEXT_UNDERSTANDING_END|><|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n<|SPEECH_GENERATION_START|>"
 )
 _MAX_SPEECH_TOKENS = 1 << 20
 
@@ -88,7 +87,7 @@ class LlasaTokenizer:
         self._suffix_ids = self._encode(_PROMPT_SUFFIX)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "LlasaTokenizer":
+    def from_file(cls, path: str | Path) -> LlasaTokenizer:
         path = Path(path)
         if not path.is_file():
             raise CheckpointError(f"{path}: missing (a Llasa checkpoint needs its tokenizer.json)")

@@ -40,28 +40,76 @@ _ROPE_KEYS = {
     "default": (),
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-    "yarn": ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-             "original_max_position_embeddings", "truncate"),
-}  # fmt: skip
+    "yarn": (
+        "factor",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "original_max_position_embeddings",
+        "truncate",
+    ),
+}
 # Keys of the decoder-stack part of a talker / code-predictor config that are read, or known not to
 # change inference (sliding-window keys only matter with use_sliding_window, which is refused;
 # tie_word_embeddings: the strict loader needs every head tensor in the file either way).
-_TRANSFORMER_FIELDS = frozenset({
-    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-    "head_dim", "hidden_act", "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings",
-    "attention_bias", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
-    "partial_rotary_factor", "vocab_size", "num_code_groups", "tie_word_embeddings",
-})  # fmt: skip
+_TRANSFORMER_FIELDS = frozenset(
+    {
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling",
+        "max_position_embeddings",
+        "attention_bias",
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+        "layer_types",
+        "partial_rotary_factor",
+        "vocab_size",
+        "num_code_groups",
+        "tie_word_embeddings",
+    }
+)
 _TALKER_FIELDS = _TRANSFORMER_FIELDS | {
-    "text_vocab_size", "text_hidden_size", "codec_pad_id", "codec_bos_id", "codec_eos_token_id", "codec_think_id",
-    "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id", "codec_language_id", "spk_id", "spk_is_dialect",
-    "code_predictor_config", "position_id_per_seconds",
-}  # fmt: skip
-_TOP_FIELDS = frozenset({
-    "model_type", "talker_config", "speaker_encoder_config", "tokenizer_type", "tts_model_size", "tts_model_type",
-    "im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id", "tts_eos_token_id",
-    "assistant_token_id",
-})  # fmt: skip
+    "text_vocab_size",
+    "text_hidden_size",
+    "codec_pad_id",
+    "codec_bos_id",
+    "codec_eos_token_id",
+    "codec_think_id",
+    "codec_nothink_id",
+    "codec_think_bos_id",
+    "codec_think_eos_id",
+    "codec_language_id",
+    "spk_id",
+    "spk_is_dialect",
+    "code_predictor_config",
+    "position_id_per_seconds",
+}
+_TOP_FIELDS = frozenset(
+    {
+        "model_type",
+        "talker_config",
+        "speaker_encoder_config",
+        "tokenizer_type",
+        "tts_model_size",
+        "tts_model_type",
+        "im_start_token_id",
+        "im_end_token_id",
+        "tts_pad_token_id",
+        "tts_bos_token_id",
+        "tts_eos_token_id",
+        "assistant_token_id",
+    }
+)
 
 
 class TtsModelType(enum.Enum):
@@ -116,7 +164,7 @@ class RopeScaling:
             raise ValueError(f"rope_scaling.attention_factor must be > 0, got {self.attention_factor}")
 
     @classmethod
-    def from_dict(cls, scaling: Any, section: str, *, source: str = "config.json") -> "RopeScaling":
+    def from_dict(cls, scaling: Any, section: str, *, source: str = "config.json") -> RopeScaling:
         """Parse `<section>.rope_scaling` (None -> default RoPE). Types other than ROPE_TYPES raise
         ValueError naming the key; the talker's mrope_section / interleaved are accepted (see module doc)."""
         where = f"{section}.rope_scaling"
@@ -133,13 +181,17 @@ class RopeScaling:
         if rope_type not in ROPE_TYPES:
             raise ValueError(f"{where}.rope_type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
         keys = _ROPE_KEYS[rope_type]
-        log_unknown_fields(scaling, {"rope_type", "type", "mrope_section", "interleaved", *keys}, source=source,
-                           section=where)  # fmt: skip
+        log_unknown_fields(
+            scaling, {"rope_type", "type", "mrope_section", "interleaved", *keys}, source=source, section=where
+        )
         if rope_type in ("linear", "llama3", "yarn") and "factor" not in scaling:
             raise ValueError(f"{where} of type {rope_type!r} lacks 'factor'")
         if rope_type == "llama3":
-            absent = [k for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-                      if k not in scaling]  # fmt: skip
+            absent = [
+                k
+                for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+                if k not in scaling
+            ]
             if absent:
                 raise ValueError(f"{where} of type 'llama3' lacks {', '.join(absent)}")
         kwargs: dict[str, Any] = {"rope_type": rope_type}
@@ -201,8 +253,13 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(
-        cls, d: Mapping[str, Any], where: str, *, source: str = "config.json", known: frozenset[str] = _TRANSFORMER_FIELDS
-    ) -> "TransformerConfig":
+        cls,
+        d: Mapping[str, Any],
+        where: str,
+        *,
+        source: str = "config.json",
+        known: frozenset[str] = _TRANSFORMER_FIELDS,
+    ) -> TransformerConfig:
         """Parse the decoder-stack keys of `where` (a config.json section); keys outside `known` are
         logged once (models.config_fields), wrongly typed values raise ValueError naming the key."""
         if not isinstance(d, Mapping):
@@ -225,8 +282,10 @@ class TransformerConfig:
         head_dim = config_int(d, "head_dim", None, section=where)
         if head_dim is None:
             if heads < 1 or hidden % heads:
-                raise ValueError(f"{where}: head_dim is absent and hidden_size {hidden} is not a multiple of "
-                                 f"num_attention_heads {heads}")  # fmt: skip
+                raise ValueError(
+                    f"{where}: head_dim is absent and hidden_size {hidden} is not a multiple of "
+                    f"num_attention_heads {heads}"
+                )
             head_dim = hidden // heads
         return cls(
             hidden_size=hidden,
@@ -347,7 +406,7 @@ class GenerationDefaults:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, source: str = "generation_config.json") -> "GenerationDefaults":
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "generation_config.json") -> GenerationDefaults:
         """Read the known keys (wrongly typed values raise ValueError naming the key); others are logged once."""
         known = {f for f in cls.__dataclass_fields__ if f != "min_new_tokens"}
         log_unknown_fields(d, known, source=source)
@@ -403,7 +462,7 @@ class Qwen3TTSConfig:
         return tuple(name for name in self.talker.languages if "dialect" not in name)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, source: str = "config.json") -> "Qwen3TTSConfig":
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "config.json") -> Qwen3TTSConfig:
         """Parse config.json. Raises ValueError naming a missing, wrongly typed or unsupported key;
         unknown keys are accepted and logged once per `source` (the file)."""
         if d.get("model_type") not in (None, "qwen3_tts"):
@@ -436,9 +495,18 @@ class Qwen3TTSConfig:
         if not isinstance(raw_dialects, Mapping):
             raise ValueError(f"talker_config.spk_is_dialect must be an object, got {type(raw_dialects).__name__}")
         dialects = {k.lower(): (v if v not in (False, None) else None) for k, v in raw_dialects.items()}
-        ids = {name: config_int(tc, name, section="talker_config") for name in (
-            "codec_pad_id", "codec_bos_id", "codec_eos_token_id", "codec_think_id", "codec_nothink_id",
-            "codec_think_bos_id", "codec_think_eos_id")}  # fmt: skip
+        ids = {
+            name: config_int(tc, name, section="talker_config")
+            for name in (
+                "codec_pad_id",
+                "codec_bos_id",
+                "codec_eos_token_id",
+                "codec_think_id",
+                "codec_nothink_id",
+                "codec_think_bos_id",
+                "codec_think_eos_id",
+            )
+        }
         talker = TalkerConfig(
             transformer=TransformerConfig.from_dict(tc, "talker_config", source=source, known=_TALKER_FIELDS),
             code_predictor=predictor,
@@ -460,7 +528,13 @@ class Qwen3TTSConfig:
             ) from exc
         token_ids = {
             k: config_int(d, k)
-            for k in ("im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id", "tts_eos_token_id")
+            for k in (
+                "im_start_token_id",
+                "im_end_token_id",
+                "tts_pad_token_id",
+                "tts_bos_token_id",
+                "tts_eos_token_id",
+            )
             if k in d
         }
         speaker_encoder = d.get("speaker_encoder_config") or {}

@@ -225,8 +225,14 @@ class DecoderStack(nn.Module):
         on_device = self._inv_freq_by_device.get(positions.device)
         if on_device is None:  # copied once per device (not during CUDA-graph capture of later steps)
             on_device = self._inv_freq_by_device[positions.device] = inv_freq.to(positions.device)
-        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype, inv_freq=on_device,
-                            attention_scaling=scaling)  # fmt: skip
+        return rope_cos_sin(
+            positions,
+            self.config.head_dim,
+            self.config.rope_theta,
+            dtype,
+            inv_freq=on_device,
+            attention_scaling=scaling,
+        )
 
     def run_layers(self, x: torch.Tensor, view: CacheView) -> torch.Tensor:
         """x (B, T, hidden) new tokens at positions start..start+T-1 -> (B, T, hidden) after the final norm."""

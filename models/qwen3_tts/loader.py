@@ -38,14 +38,30 @@ _OFFICIAL_CODEC_IDS = {
     "codec_think_eos_id": 2157,
 }
 _OFFICIAL_LANGUAGES = {
-    "english": 2050, "german": 2053, "spanish": 2054, "chinese": 2055, "japanese": 2058, "french": 2061,
-    "sichuan_dialect": 2062, "korean": 2064, "russian": 2069, "italian": 2070, "portuguese": 2071,
+    "english": 2050,
+    "german": 2053,
+    "spanish": 2054,
+    "chinese": 2055,
+    "japanese": 2058,
+    "french": 2061,
+    "sichuan_dialect": 2062,
+    "korean": 2064,
+    "russian": 2069,
+    "italian": 2070,
+    "portuguese": 2071,
     "beijing_dialect": 2074,
-}  # fmt: skip
+}
 _OFFICIAL_SPEAKERS = {
-    "aiden": 2861, "sohee": 2864, "ono_anna": 2873, "eric": 2875, "dylan": 2878, "uncle_fu": 3010,
-    "ryan": 3061, "vivian": 3065, "serena": 3066,
-}  # fmt: skip
+    "aiden": 2861,
+    "sohee": 2864,
+    "ono_anna": 2873,
+    "eric": 2875,
+    "dylan": 2878,
+    "uncle_fu": 3010,
+    "ryan": 3061,
+    "vivian": 3065,
+    "serena": 3066,
+}
 _OFFICIAL_DIALECTS = {name: False for name in _OFFICIAL_SPEAKERS} | {
     "eric": "sichuan_dialect",
     "dylan": "beijing_dialect",
@@ -57,10 +73,16 @@ PRESET_CONFIGS = {"qwen3-tts-0.6b": (1024, 3072, "0b6"), "qwen3-tts-1.7b": (2048
 
 def _layer(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, head_dim: int) -> dict:
     return {
-        "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers,
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim, "hidden_act": "silu",
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-    }  # fmt: skip
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+    }
 
 
 def preset_config_dict(name: str) -> dict:
@@ -75,29 +97,47 @@ def preset_config_dict(name: str) -> dict:
     }
     if name == "qwen3-tts-tiny":
         talker = _layer(32, 64, 2, 4, 2, 16) | {
-            "vocab_size": 32 + 1024, "text_vocab_size": 272, "text_hidden_size": 48, "num_code_groups": 4,
-            "codec_pad_id": 40, "codec_bos_id": 41, "codec_eos_token_id": 42, "codec_think_id": 43,
-            "codec_nothink_id": 44, "codec_think_bos_id": 45, "codec_think_eos_id": 46,
+            "vocab_size": 32 + 1024,
+            "text_vocab_size": 272,
+            "text_hidden_size": 48,
+            "num_code_groups": 4,
+            "codec_pad_id": 40,
+            "codec_bos_id": 41,
+            "codec_eos_token_id": 42,
+            "codec_think_id": 43,
+            "codec_nothink_id": 44,
+            "codec_think_bos_id": 45,
+            "codec_think_eos_id": 46,
             "codec_language_id": {"english": 52, "chinese": 53, "beijing_dialect": 54},
-            "spk_id": {"aiden": 62, "dylan": 63}, "spk_is_dialect": {"aiden": False, "dylan": "beijing_dialect"},
+            "spk_id": {"aiden": 62, "dylan": 63},
+            "spk_is_dialect": {"aiden": False, "dylan": "beijing_dialect"},
             "code_predictor_config": _layer(24, 48, 2, 4, 2, 8) | {"vocab_size": 32, "num_code_groups": 4},
-        }  # fmt: skip
+        }
         size = "1b7"
     elif name in PRESET_CONFIGS:
         hidden, intermediate, size = PRESET_CONFIGS[name]
         talker = _layer(hidden, intermediate, 28, 16, 8, 128) | {
-            "vocab_size": 3072, "text_vocab_size": 151936, "text_hidden_size": 2048, "num_code_groups": 16,
-            **_OFFICIAL_CODEC_IDS, "codec_language_id": dict(_OFFICIAL_LANGUAGES), "spk_id": dict(_OFFICIAL_SPEAKERS),
+            "vocab_size": 3072,
+            "text_vocab_size": 151936,
+            "text_hidden_size": 2048,
+            "num_code_groups": 16,
+            **_OFFICIAL_CODEC_IDS,
+            "codec_language_id": dict(_OFFICIAL_LANGUAGES),
+            "spk_id": dict(_OFFICIAL_SPEAKERS),
             "spk_is_dialect": dict(_OFFICIAL_DIALECTS),
             "code_predictor_config": _layer(1024, 3072, 5, 16, 8, 128) | {"vocab_size": 2048, "num_code_groups": 16},
-        }  # fmt: skip
+        }
     else:
         raise ValueError(f"unknown Qwen3-TTS preset {name!r}; known: qwen3-tts-tiny, {', '.join(PRESET_CONFIGS)}")
     talker["rope_scaling"] = {"rope_type": "default", "mrope_section": [24, 20, 20], "interleaved": True}
     return {
-        "model_type": "qwen3_tts", "tts_model_type": "custom_voice", "tts_model_size": size,
-        "tokenizer_type": "qwen3_tts_tokenizer_12hz", "talker_config": talker, **token_ids,
-    }  # fmt: skip
+        "model_type": "qwen3_tts",
+        "tts_model_type": "custom_voice",
+        "tts_model_size": size,
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz",
+        "talker_config": talker,
+        **token_ids,
+    }
 
 
 def default_options(device: torch.device) -> ModelOptions:

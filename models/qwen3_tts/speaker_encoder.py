@@ -87,7 +87,7 @@ class SpeakerEncoderConfig:
             )
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config.json") -> "SpeakerEncoderConfig":
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config.json") -> SpeakerEncoderConfig:
         """Parse `speaker_encoder_config`; unknown keys are accepted and logged once, as in every
         config (models.config_fields)."""
         known = set(cls.__dataclass_fields__)
@@ -96,9 +96,7 @@ class SpeakerEncoderConfig:
         return cls(**kwargs)
 
 
-def slaney_mel_filterbank(
-    *, sample_rate: int, n_fft: int, num_mels: int, fmin: float, fmax: float
-) -> np.ndarray:
+def slaney_mel_filterbank(*, sample_rate: int, n_fft: int, num_mels: int, fmin: float, fmax: float) -> np.ndarray:
     """(num_mels, n_fft//2 + 1) float32 triangular filters on the Slaney mel scale with Slaney area
     normalisation, computed with librosa's float64 steps and float32 rounding points."""
     f_sp = 200.0 / 3
@@ -141,9 +139,16 @@ def mel_spectrogram(wav: torch.Tensor) -> torch.Tensor:
     padded = F.pad(wav[:, None], (pad, pad), mode="reflect")[:, 0]  # (B, S + 768)
     window = torch.hann_window(WIN, device=wav.device)
     spec = torch.stft(
-        padded, N_FFT, hop_length=HOP, win_length=WIN, window=window, center=False,
-        normalized=False, onesided=True, return_complex=True,
-    )  # fmt: skip
+        padded,
+        N_FFT,
+        hop_length=HOP,
+        win_length=WIN,
+        window=window,
+        center=False,
+        normalized=False,
+        onesided=True,
+        return_complex=True,
+    )
     magnitude = torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1) + 1e-9)  # (B, 513, frames)
     mel = torch.matmul(_MEL_BASIS.to(wav.device), magnitude)
     return torch.log(torch.clamp(mel, min=1e-5))

@@ -137,7 +137,7 @@ class TextTokenizer:
     tokenizer: Tokenizer
 
     @classmethod
-    def from_directory(cls, directory: Path) -> "TextTokenizer":
+    def from_directory(cls, directory: Path) -> TextTokenizer:
         paths = {name: directory / name for name in ("vocab.json", "merges.txt", "tokenizer_config.json")}
         for name, path in paths.items():
             if not path.is_file():

@@ -38,8 +38,17 @@ class XCodec2Config:
     sample_rate_hz: int = 16000
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_layers", "num_heads", "rope_dim", "vq_dim", "num_norm_groups",
-                     "hop_samples", "n_fft", "sample_rate_hz"):
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "rope_dim",
+            "vq_dim",
+            "num_norm_groups",
+            "hop_samples",
+            "n_fft",
+            "sample_rate_hz",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")

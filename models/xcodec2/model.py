@@ -175,7 +175,7 @@ class XCodec2Decoder(nn.Module):
         return self.fc_post_a(self.fsq_project_out(fsq))
 
     def istft(self, spec_real: torch.Tensor, spec_imag: torch.Tensor) -> torch.Tensor:
-        """"Same"-padded ISTFT of (B, n_fft/2 + 1, T) fp32 parts -> (B, T * hop).
+        """ "Same"-padded ISTFT of (B, n_fft/2 + 1, T) fp32 parts -> (B, T * hop).
 
         Overlap-adds windowed frames, trims (n_fft - hop)/2 samples at each end and divides by
         the summed squared window; the ends see fewer frames, so the envelope is smaller there.

@@ -26,6 +26,8 @@ from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
 from tilevox.models.qwen3_tts.loader import preset_config_dict
 from tilevox.models.qwen3_tts.speech_tokenizer import (
     PRESETS as CODEC_PRESETS,
+)
+from tilevox.models.qwen3_tts.speech_tokenizer import (
     SpeechTokenizerConfig,
     load_speech_tokenizer,
     random_speech_tokenizer,
@@ -47,16 +49,29 @@ def _truncate(path, keep: float = 0.6) -> None:
 
 def _llama_config_json(c: LlamaConfig) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads, "max_position_embeddings": c.max_position_embeddings,
-        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "hidden_act": "silu",
-        "tie_word_embeddings": c.tie_word_embeddings, "torch_dtype": "float32", "use_cache": True,
-        "rope_scaling": {"rope_type": "llama3", "factor": c.rope_factor, "low_freq_factor": c.rope_low_freq_factor,
-                         "high_freq_factor": c.rope_high_freq_factor,
-                         "original_max_position_embeddings": c.rope_original_max_position_embeddings},
-    }  # fmt: skip
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "hidden_act": "silu",
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": c.rope_factor,
+            "low_freq_factor": c.rope_low_freq_factor,
+            "high_freq_factor": c.rope_high_freq_factor,
+            "original_max_position_embeddings": c.rope_original_max_position_embeddings,
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +100,10 @@ def _write_llasa(model, root, *, shards: int = 1):
     codec_dir = root / "xcodec2"
     codec_dir.mkdir()
     (codec_dir / "config.json").write_text(json.dumps(model.codec.config.to_dict()))
-    save_file({checkpoint_name(n): p.contiguous() for n, p in model.codec.named_parameters()},
-              str(codec_dir / "model.safetensors"))  # fmt: skip
+    save_file(
+        {checkpoint_name(n): p.contiguous() for n, p in model.codec.named_parameters()},
+        str(codec_dir / "model.safetensors"),
+    )
     return root
 
 
@@ -117,7 +134,9 @@ def test_int_llama_tensor_is_refused_naming_tensor_and_file(llasa, tmp_path):
     state = {k: v.contiguous() for k, v in llasa.llama.state_dict().items()}
     state["model.layers.0.mlp.up_proj.weight"] = state["model.layers.0.mlp.up_proj.weight"].to(torch.int32)
     save_file(state, str(root / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"'model\.layers\.0\.mlp\.up_proj\.weight' has dtype torch\.int32") as info:
+    with pytest.raises(
+        CheckpointError, match=r"'model\.layers\.0\.mlp\.up_proj\.weight' has dtype torch\.int32"
+    ) as info:
         load_llama(root, device="cpu", dtype=torch.float32)
     assert str(root / "model.safetensors") in str(info.value)
 
@@ -244,7 +263,9 @@ def test_speech_tokenizer_int_tensor_is_refused(saved_speech_tokenizer, tmp_path
         tensors[name] = tensors[name].to(torch.int32)
 
     directory = _copy_speech_tokenizer(saved_speech_tokenizer, tmp_path / "st", tensor_edit=to_int)
-    with pytest.raises(CheckpointError, match=rf"tensor '{name}' has dtype torch\.int32, expected a floating-point") as info:
+    with pytest.raises(
+        CheckpointError, match=rf"tensor '{name}' has dtype torch\.int32, expected a floating-point"
+    ) as info:
         load_speech_tokenizer(directory, with_encoder=False)
     assert str(directory / "model.safetensors") in str(info.value)
 
@@ -256,7 +277,9 @@ def test_speech_tokenizer_typed_and_unknown_fields(saved_speech_tokenizer, tmp_p
     directory = _copy_speech_tokenizer(saved_speech_tokenizer, tmp_path / "typed", config_edit=bad_type)
     with pytest.raises(CheckpointError) as info:
         load_speech_tokenizer(directory, with_encoder=False)
-    assert str(info.value) == f"{directory / 'config.json'}: decoder_config.hidden_size must be an integer, got '32' (str)"
+    assert (
+        str(info.value) == f"{directory / 'config.json'}: decoder_config.hidden_size must be an integer, got '32' (str)"
+    )
 
     def extra(data):
         data["new_top_knob"] = 1
@@ -281,14 +304,25 @@ def test_speech_tokenizer_config_round_trip_logs_nothing(caplog):
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        (lambda d: d["talker_config"].update(hidden_size="32"), "talker_config.hidden_size must be an integer, got '32' (str)"),
-        (lambda d: d["talker_config"]["code_predictor_config"].update(num_attention_heads=[4]),
-         "talker_config.code_predictor_config.num_attention_heads must be an integer, got [4] (list)"),
-        (lambda d: d["talker_config"].update(rms_norm_eps="1e-6"), "talker_config.rms_norm_eps must be a number, got '1e-6' (str)"),
-        (lambda d: d["talker_config"].update(codec_bos_id=41.0), "talker_config.codec_bos_id must be an integer, got 41.0 (float)"),
+        (
+            lambda d: d["talker_config"].update(hidden_size="32"),
+            "talker_config.hidden_size must be an integer, got '32' (str)",
+        ),
+        (
+            lambda d: d["talker_config"]["code_predictor_config"].update(num_attention_heads=[4]),
+            "talker_config.code_predictor_config.num_attention_heads must be an integer, got [4] (list)",
+        ),
+        (
+            lambda d: d["talker_config"].update(rms_norm_eps="1e-6"),
+            "talker_config.rms_norm_eps must be a number, got '1e-6' (str)",
+        ),
+        (
+            lambda d: d["talker_config"].update(codec_bos_id=41.0),
+            "talker_config.codec_bos_id must be an integer, got 41.0 (float)",
+        ),
         (lambda d: d.update(tts_pad_token_id="1"), "tts_pad_token_id must be an integer, got '1' (str)"),
     ],
-)  # fmt: skip
+)
 def test_qwen3_config_wrongly_typed_field_names_key_and_type(edit, expected):
     data = preset_config_dict("qwen3-tts-tiny")
     edit(data)

@@ -24,8 +24,6 @@ from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest, synthesize
 
 
-
-
 def _request(seed: int = 4) -> SynthesisRequest:
     return SynthesisRequest(text="Spy on me", sampling=SamplingParams(temperature=0.8), seed=seed, max_duration_s=0.3)
 

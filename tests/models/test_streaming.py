@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from tilevox.models.streaming import FinishReason, SynthesisRequest, VoicePrompt, synthesize
 from tilevox.models.registry import load_model
+from tilevox.models.streaming import FinishReason, SynthesisRequest, VoicePrompt, synthesize
 
 
 @pytest.mark.parametrize(

@@ -22,16 +22,43 @@ __all__ = ["PRESETS", "SpeechDecoderConfig", "SpeechTokenizerConfig"]
 MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
 # Keys read by from_dict, or known not to change decoding (max_position_embeddings only sizes the
 # official RoPE cache; attention_dropout is off at inference).
-_TOP_FIELDS = frozenset({
-    "model_type", "decoder_config", "encoder_config", "encoder_valid_num_quantizers", "input_sample_rate",
-    "output_sample_rate", "encode_downsample_rate", "decode_upsample_rate",
-})  # fmt: skip
-_DECODER_FIELDS = frozenset({
-    "codebook_size", "codebook_dim", "latent_dim", "hidden_size", "num_attention_heads", "num_key_value_heads",
-    "head_dim", "intermediate_size", "num_hidden_layers", "sliding_window", "rms_norm_eps", "rope_theta",
-    "rope_scaling", "layer_scale_initial_scale", "num_quantizers", "upsample_rates", "upsampling_ratios",
-    "decoder_dim", "attention_bias", "hidden_act", "max_position_embeddings",
-})  # fmt: skip
+_TOP_FIELDS = frozenset(
+    {
+        "model_type",
+        "decoder_config",
+        "encoder_config",
+        "encoder_valid_num_quantizers",
+        "input_sample_rate",
+        "output_sample_rate",
+        "encode_downsample_rate",
+        "decode_upsample_rate",
+    }
+)
+_DECODER_FIELDS = frozenset(
+    {
+        "codebook_size",
+        "codebook_dim",
+        "latent_dim",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "num_hidden_layers",
+        "sliding_window",
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling",
+        "layer_scale_initial_scale",
+        "num_quantizers",
+        "upsample_rates",
+        "upsampling_ratios",
+        "decoder_dim",
+        "attention_bias",
+        "hidden_act",
+        "max_position_embeddings",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,10 +87,19 @@ class SpeechDecoderConfig:
 
     def __post_init__(self) -> None:
         for name in (
-            "codebook_size", "codebook_dim", "latent_dim", "hidden_size", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "intermediate_size", "num_hidden_layers", "sliding_window",
-            "num_quantizers", "decoder_dim",
-        ):  # fmt: skip
+            "codebook_size",
+            "codebook_dim",
+            "latent_dim",
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "num_hidden_layers",
+            "sliding_window",
+            "num_quantizers",
+            "decoder_dim",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"decoder {name} must be a positive int, got {value!r}")
@@ -157,8 +193,13 @@ class SpeechTokenizerConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "encoder_config", json.loads(json.dumps(dict(self.encoder_config))))
-        for name in ("encoder_valid_num_quantizers", "input_sample_rate", "output_sample_rate",
-                     "encode_downsample_rate", "decode_upsample_rate"):  # fmt: skip
+        for name in (
+            "encoder_valid_num_quantizers",
+            "input_sample_rate",
+            "output_sample_rate",
+            "encode_downsample_rate",
+            "decode_upsample_rate",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -188,7 +229,7 @@ class SpeechTokenizerConfig:
         return self.decoder.num_quantizers
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config.json") -> "SpeechTokenizerConfig":
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config.json") -> SpeechTokenizerConfig:
         """Parse `speech_tokenizer/config.json`. Raises ValueError naming a bad, wrongly typed or missing
         key; unknown keys are accepted and logged once per `source` (models.config_fields). The
         `encoder_config` goes to transformers' MimiConfig, which applies its own rules."""
@@ -204,7 +245,8 @@ class SpeechTokenizerConfig:
             raise ValueError("decoder_config.codebook_dim is missing (the official decoder requires it)")
         rope_scaling = dec.get("rope_scaling")
         if rope_scaling is not None and (
-            not isinstance(rope_scaling, Mapping) or rope_scaling.get("rope_type", rope_scaling.get("type")) != "default"
+            not isinstance(rope_scaling, Mapping)
+            or rope_scaling.get("rope_type", rope_scaling.get("type")) != "default"
         ):
             raise ValueError(f"decoder_config.rope_scaling {rope_scaling!r} is not supported (only default RoPE)")
         if dec.get("hidden_act", "silu") != "silu":
@@ -223,8 +265,10 @@ class SpeechTokenizerConfig:
         head_dim = dint("head_dim", None)
         if head_dim is None:
             if heads < 1 or hidden % heads:
-                raise ValueError(f"decoder_config: head_dim is absent and hidden_size {hidden} is not a multiple "
-                                 f"of num_attention_heads {heads}")  # fmt: skip
+                raise ValueError(
+                    f"decoder_config: head_dim is absent and hidden_size {hidden} is not a multiple "
+                    f"of num_attention_heads {heads}"
+                )
             head_dim = hidden // heads
         decoder = SpeechDecoderConfig(
             codebook_size=dint("codebook_size", 2048),

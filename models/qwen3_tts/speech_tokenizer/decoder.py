@@ -58,7 +58,7 @@ class DecoderState:
     def batch_size(self) -> int:
         return int(self.positions.shape[0])
 
-    def _map(self, fn) -> "DecoderState":
+    def _map(self, fn) -> DecoderState:
         return DecoderState(
             conv_tails=[fn(t) for t in self.conv_tails],
             trans_overlaps=[fn(t) for t in self.trans_overlaps],
@@ -67,13 +67,13 @@ class DecoderState:
             positions=fn(self.positions),
         )
 
-    def select(self, rows: Sequence[int] | torch.Tensor) -> "DecoderState":
+    def select(self, rows: Sequence[int] | torch.Tensor) -> DecoderState:
         """The state of a subset of rows (a copy)."""
         index = torch.as_tensor(rows, dtype=torch.long, device=self.positions.device)
         return self._map(lambda t: t.index_select(0, index))
 
     @staticmethod
-    def cat(states: Sequence["DecoderState"]) -> "DecoderState":
+    def cat(states: Sequence[DecoderState]) -> DecoderState:
         """Stack states of separate batches (e.g. independent streams) along the batch."""
         if not states:
             raise ValueError("cat needs at least one DecoderState")
@@ -455,9 +455,7 @@ class SpeechTokenizerDecoder(nn.Module):
 
     def _check_codes(self, codes: torch.Tensor) -> None:
         if codes.dim() != 3 or codes.shape[1] != self.config.num_quantizers:
-            raise ValueError(
-                f"codes must be (B, {self.config.num_quantizers}, T), got {tuple(codes.shape)}"
-            )
+            raise ValueError(f"codes must be (B, {self.config.num_quantizers}, T), got {tuple(codes.shape)}")
         if codes.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
 
@@ -576,4 +574,3 @@ class SpeechTokenizerDecoder(nn.Module):
         lengths = (codes[:, 0] > -1).sum(dim=1) * self.samples_per_frame  # (B,)
         wav = self.chunked_decode(codes.clamp(min=0))
         return [row[:length] for row, length in zip(wav, lengths.tolist())]
-

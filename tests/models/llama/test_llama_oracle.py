@@ -22,15 +22,29 @@ NUM_DECODE_STEPS = 16
 ATOL = 1e-4
 
 
-def _hf_config(*, tie: bool, rope_type: str = "llama3") -> "transformers.LlamaConfig":
+def _hf_config(*, tie: bool, rope_type: str = "llama3") -> transformers.LlamaConfig:
     rope_scaling = None
     if rope_type == "llama3":
-        rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                        "original_max_position_embeddings": 32}
+        rope_scaling = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        }
     return transformers.LlamaConfig(
-        vocab_size=301, hidden_size=48, intermediate_size=88, num_hidden_layers=3, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
-        rope_scaling=rope_scaling, tie_word_embeddings=tie, attn_implementation="eager",
+        vocab_size=301,
+        hidden_size=48,
+        intermediate_size=88,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=tie,
+        attn_implementation="eager",
     )
 
 

@@ -14,24 +14,42 @@ from tilevox.models.llama.config import LLAMA_PRESETS, LlamaConfig
 from tilevox.models.llama.weights import load_llama, random_llama
 
 TINY = LlamaConfig(
-    vocab_size=97, hidden_size=32, intermediate_size=72, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_type="llama3", rope_factor=4.0,
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=72,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    rope_type="llama3",
+    rope_factor=4.0,
     rope_original_max_position_embeddings=16,
 )
 
 
 def _hf_dict(config: LlamaConfig) -> dict:
     return {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
-        "num_hidden_layers": config.num_hidden_layers, "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_key_value_heads, "max_position_embeddings": config.max_position_embeddings,
-        "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta, "hidden_act": "silu",
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "hidden_act": "silu",
         "tie_word_embeddings": config.tie_word_embeddings,
-        "rope_scaling": {"rope_type": "llama3", "factor": config.rope_factor,
-                         "low_freq_factor": config.rope_low_freq_factor,
-                         "high_freq_factor": config.rope_high_freq_factor,
-                         "original_max_position_embeddings": config.rope_original_max_position_embeddings},
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": config.rope_factor,
+            "low_freq_factor": config.rope_low_freq_factor,
+            "high_freq_factor": config.rope_high_freq_factor,
+            "original_max_position_embeddings": config.rope_original_max_position_embeddings,
+        },
     }
 
 
@@ -74,8 +92,11 @@ def test_unexpected_tensor_is_named(tmp_path):
 def test_misshaped_tensor_is_named(tmp_path):
     state = _state(TINY)
     state["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(24, 32)  # 3 kv heads instead of 2
-    with pytest.raises(CheckpointError, match=r"'model\.layers\.0\.self_attn\.k_proj\.weight' has shape \(24, 32\), "
-                                              r"expected \(16, 32\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'model\.layers\.0\.self_attn\.k_proj\.weight' has shape \(24, 32\), "
+        r"expected \(16, 32\)",
+    ):
         load_llama(_write(tmp_path, TINY, state), device="cpu", dtype=torch.float32)
 
 
@@ -134,8 +155,9 @@ def test_random_init_is_seeded_and_tied_when_asked():
     for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
-    tied = random_llama(LlamaConfig(**{**asdict(TINY), "tie_word_embeddings": True}), seed=5, device="cpu",
-                        dtype=torch.float32)
+    tied = random_llama(
+        LlamaConfig(**{**asdict(TINY), "tie_word_embeddings": True}), seed=5, device="cpu", dtype=torch.float32
+    )
     assert tied.lm_head.weight is tied.model.embed_tokens.weight
 
 
@@ -172,9 +194,17 @@ def test_from_hf_config_rejects_unsupported():
     with pytest.raises(ValueError, match="rope_scaling type 'yarn'"):
         LlamaConfig.from_hf_config({**base, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
     with pytest.raises(ValueError, match="lacks: high_freq_factor"):
-        LlamaConfig.from_hf_config({**base, "rope_scaling": {"rope_type": "llama3", "factor": 2.0,
-                                                             "low_freq_factor": 1.0,
-                                                             "original_max_position_embeddings": 16}})
+        LlamaConfig.from_hf_config(
+            {
+                **base,
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 2.0,
+                    "low_freq_factor": 1.0,
+                    "original_max_position_embeddings": 16,
+                },
+            }
+        )
     with pytest.raises(ValueError, match="lacks required key"):
         LlamaConfig.from_hf_config({k: v for k, v in base.items() if k != "hidden_size"})
     legacy = {**base, "rope_scaling": {**base["rope_scaling"], "type": "llama3"}}

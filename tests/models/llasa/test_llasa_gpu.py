@@ -18,9 +18,18 @@ pytestmark = pytest.mark.gpu
 
 
 def test_llama_cuda_matches_cpu():
-    config = LlamaConfig(vocab_size=509, hidden_size=128, intermediate_size=344, num_hidden_layers=3,
-                         num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-5, rope_type="llama3",
-                         rope_factor=8.0, rope_original_max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=509,
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        rope_type="llama3",
+        rope_factor=8.0,
+        rope_original_max_position_embeddings=64,
+    )
     cpu = random_llama(config, seed=0, device="cpu", dtype=torch.float32)
     gpu = random_llama(config, seed=0, device="cuda", dtype=torch.float32)
     with torch.no_grad():
@@ -49,8 +58,10 @@ def test_llama_1b_random_preset_on_cuda():
     assert load_s < 60.0, f"building the random 1B preset took {load_s:.1f} s"
     assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in model.llama.parameters())
     assert model.llama.config.vocab_size == 193800 and model.tokenizer.num_speech_tokens == 65536
-    requests = [SynthesisRequest(text=f"Stream {i} on the GPU.", seed=i,
-                                 sampling=SamplingParams(max_new_tokens=20 + i)) for i in range(4)]
+    requests = [
+        SynthesisRequest(text=f"Stream {i} on the GPU.", seed=i, sampling=SamplingParams(max_new_tokens=20 + i))
+        for i in range(4)
+    ]
     ids = [model.open_stream(r) for r in requests]
     samples = {i: [] for i in ids}
     while model.open_stream_ids:

@@ -24,17 +24,32 @@ def _save_llasa_checkpoint(model, root, *, with_codec: bool):
     """Write `model` the way a Llasa release is laid out (HF Llama config + safetensors + tokenizer.json)."""
     root.mkdir(parents=True, exist_ok=True)
     c = model.llama.config
-    (root / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads, "max_position_embeddings": c.max_position_embeddings,
-        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "hidden_act": "silu",
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "rope_scaling": {"rope_type": "llama3", "factor": c.rope_factor, "low_freq_factor": c.rope_low_freq_factor,
-                         "high_freq_factor": c.rope_high_freq_factor,
-                         "original_max_position_embeddings": c.rope_original_max_position_embeddings},
-    }))
+    (root / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "vocab_size": c.vocab_size,
+                "hidden_size": c.hidden_size,
+                "intermediate_size": c.intermediate_size,
+                "num_hidden_layers": c.num_hidden_layers,
+                "num_attention_heads": c.num_attention_heads,
+                "num_key_value_heads": c.num_key_value_heads,
+                "max_position_embeddings": c.max_position_embeddings,
+                "rms_norm_eps": c.rms_norm_eps,
+                "rope_theta": c.rope_theta,
+                "hidden_act": "silu",
+                "tie_word_embeddings": c.tie_word_embeddings,
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": c.rope_factor,
+                    "low_freq_factor": c.rope_low_freq_factor,
+                    "high_freq_factor": c.rope_high_freq_factor,
+                    "original_max_position_embeddings": c.rope_original_max_position_embeddings,
+                },
+            }
+        )
+    )
     save_file({k: v.contiguous() for k, v in model.llama.state_dict().items()}, str(root / "model.safetensors"))
     model.tokenizer.backend.save(str(root / "tokenizer.json"))
     if with_codec:
@@ -45,8 +60,9 @@ def _save_llasa_checkpoint(model, root, *, with_codec: bool):
 def _save_codec(codec, directory):
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(codec.config.to_dict()))
-    save_file({checkpoint_name(n): p.contiguous() for n, p in codec.named_parameters()},
-              str(directory / "model.safetensors"))
+    save_file(
+        {checkpoint_name(n): p.contiguous() for n, p in codec.named_parameters()}, str(directory / "model.safetensors")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +75,14 @@ def test_presets(tiny):
     assert tiny.llama.config.vocab_size == tiny.tokenizer.vocab_size
     preset = LLASA_PRESETS["llama-1b"]
     config = LLAMA_PRESETS[preset.llama].with_vocab_size(preset.vocab_size)
-    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-            config.num_key_value_heads, config.intermediate_size) == (193800, 2048, 16, 32, 8, 8192)
+    assert (
+        config.vocab_size,
+        config.hidden_size,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.intermediate_size,
+    ) == (193800, 2048, 16, 32, 8, 8192)
     assert (config.rope_theta, config.rope_type, config.rope_factor) == (500000.0, "llama3", 32.0)
     assert 128256 + 8 + 65536 == config.vocab_size
     assert preset.codec == "full" and preset.max_seq_len == 2048

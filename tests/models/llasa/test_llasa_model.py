@@ -22,8 +22,9 @@ def _tiny(*, max_streams: int = 4, end_scale: float | None = None, max_seq_len: 
     """The random tiny preset with its matrices scaled from std 0.02 to 0.2, so that attention (and a
     stream's whole history) visibly moves the logits; `end_scale` enlarges the end token's lm_head row
     so that streams stop by themselves after a data-dependent number of steps."""
-    model = load_preset("llama-tiny", device="cpu", dtype=torch.float32, max_streams=max_streams,
-                        max_seq_len=max_seq_len)
+    model = load_preset(
+        "llama-tiny", device="cpu", dtype=torch.float32, max_streams=max_streams, max_seq_len=max_seq_len
+    )
     with torch.no_grad():
         for name, param in model.llama.named_parameters():
             if param.dim() == 2 and name != "lm_head.weight":
@@ -59,8 +60,9 @@ def _sampling(greedy: bool, **kw) -> SamplingParams:
 
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
 def test_streams_are_independent(greedy):
-    main = SynthesisRequest(text="The stream under test.", seed=1234,
-                            sampling=_sampling(greedy, min_new_tokens=45, max_new_tokens=45))
+    main = SynthesisRequest(
+        text="The stream under test.", seed=1234, sampling=_sampling(greedy, min_new_tokens=45, max_new_tokens=45)
+    )
 
     alone_model = _tiny(max_streams=4, end_scale=3.0)
     alone_rec = _Recorder()
@@ -76,8 +78,11 @@ def test_streams_are_independent(greedy):
 
     def other(i: int, min_new_tokens: int = 0) -> SynthesisRequest:
         # Longer prompts than the main one: its batch-mates sit at later positions than it does.
-        return SynthesisRequest(text=f"Another, rather longer stream, number {i}" + "!" * i, seed=100 + i,
-                                sampling=_sampling(greedy, min_new_tokens=min_new_tokens, max_new_tokens=30 + i))
+        return SynthesisRequest(
+            text=f"Another, rather longer stream, number {i}" + "!" * i,
+            seed=100 + i,
+            sampling=_sampling(greedy, min_new_tokens=min_new_tokens, max_new_tokens=30 + i),
+        )
 
     # other(1) cannot stop before step 20, so it is still open when it is cancelled at step 6.
     others = [model.open_stream(other(0)), model.open_stream(other(1, min_new_tokens=20))]
@@ -157,8 +162,9 @@ def test_non_speech_tokens_are_never_sampled():
 
 def test_limits_finish_with_length():
     model = _tiny()
-    _, audio, reason = _run_alone(model, SynthesisRequest(text="Short", max_duration_s=0.1,
-                                                          sampling=SamplingParams(max_new_tokens=50)))
+    _, audio, reason = _run_alone(
+        model, SynthesisRequest(text="Short", max_duration_s=0.1, sampling=SamplingParams(max_new_tokens=50))
+    )
     assert reason is FinishReason.LENGTH and audio.size == 5 * HOP  # 0.1 s at 50 frames/s
     _, audio, reason = _run_alone(model, SynthesisRequest(text="Short", sampling=SamplingParams(max_new_tokens=7)))
     assert reason is FinishReason.LENGTH and audio.size == 7 * HOP
@@ -172,8 +178,9 @@ def test_limits_finish_with_length():
 
 def test_min_new_tokens_holds_back_the_end_token():
     model = _tiny(end_scale=8.0)
-    _, audio, reason = _run_alone(model, SynthesisRequest(
-        text="Hold", sampling=SamplingParams.greedy(min_new_tokens=6, max_new_tokens=40)))
+    _, audio, reason = _run_alone(
+        model, SynthesisRequest(text="Hold", sampling=SamplingParams.greedy(min_new_tokens=6, max_new_tokens=40))
+    )
     assert audio.size >= 6 * HOP and reason is FinishReason.STOP
 
 
@@ -201,8 +208,9 @@ def test_slots_are_freed_on_close_and_finish():
 
 def test_voices_and_request_validation():
     model = _tiny()
-    assert model.voices() == (VoiceInfo(name="default", languages=("zh", "en"),
-                                        description=model.voices()[0].description),)
+    assert model.voices() == (
+        VoiceInfo(name="default", languages=("zh", "en"), description=model.voices()[0].description),
+    )
     model.validate(SynthesisRequest(text="ok", voice="default"))
     model.validate(SynthesisRequest(text="ok"))
     with pytest.raises(RequestError, match="voice 'alice' is unknown"):
@@ -212,8 +220,9 @@ def test_voices_and_request_validation():
     with pytest.raises(RequestError, match="instructions"):
         model.validate(SynthesisRequest(text="ok", instructions="whisper"))
     with pytest.raises(RequestError, match="voice_prompt"):
-        model.validate(SynthesisRequest(text="ok", voice_prompt=VoicePrompt(samples=np.ones(10, np.float32),
-                                                                            sample_rate_hz=16000)))
+        model.validate(
+            SynthesisRequest(text="ok", voice_prompt=VoicePrompt(samples=np.ones(10, np.float32), sample_rate_hz=16000))
+        )
     with pytest.raises(RequestError, match="special token"):
         model.open_stream(SynthesisRequest(text="hi <|s_1|>"))
     assert model.open_stream_ids == ()

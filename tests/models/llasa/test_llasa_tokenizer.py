@@ -69,8 +69,9 @@ def test_bad_tokenizers_are_rejected(tmp_path):
     with pytest.raises(CheckpointError, match="tokenizer.json: missing"):
         LlasaTokenizer.from_file(tmp_path / "tokenizer.json")
     plain = Tokenizer(models.WordLevel(vocab={"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
-    plain.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                              "<|eot_id|>"])
+    plain.add_special_tokens(
+        ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    )
     with pytest.raises(CheckpointError, match="TEXT_GENERATION_START"):
         LlasaTokenizer(plain)
     plain.add_tokens(list(LLASA_MARKERS) + ["<|s_0|>", "<|s_1|>", "filler", "<|s_2|>"])

@@ -6,5 +6,3 @@ this folder on sys.path before importing this conftest.
 """
 
 from oracle_checkpoints import oracle_checkpoints  # noqa: F401  (re-exported as a fixture)
-
-

@@ -19,7 +19,7 @@ def _stack(seed: int) -> DecoderStack:
     torch.manual_seed(seed)
     stack = DecoderStack(CONFIG).eval()
     with torch.no_grad():
-        for name, p in stack.named_parameters():
+        for p in stack.parameters():
             p.copy_(1.0 + 0.1 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) / p.shape[1] ** 0.5)
     return stack
 

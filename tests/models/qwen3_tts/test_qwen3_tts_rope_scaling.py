@@ -25,21 +25,39 @@ SCALINGS = [
     {"rope_type": "default"},
     {"rope_type": "linear", "factor": 2.0},
     {"type": "linear", "factor": 3},  # transformers' older key, an int factor
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 64},
+    {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
     {"rope_type": "yarn", "factor": 4.0},
-    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "beta_fast": 16, "mscale": 0.7,
-     "mscale_all_dim": 1.0, "truncate": False},
+    {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 256,
+        "beta_fast": 16,
+        "mscale": 0.7,
+        "mscale_all_dim": 1.0,
+        "truncate": False,
+    },
     {"rope_type": "yarn", "factor": 3.0, "attention_factor": 1.3},
-]  # fmt: skip
+]
 
 
 def _stack(head_dim: int, scaling: dict | None) -> dict:
     return {
-        "hidden_size": 4 * head_dim, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": head_dim, "rope_theta": 1e6, "max_position_embeddings": 32768,
+        "hidden_size": 4 * head_dim,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": head_dim,
+        "rope_theta": 1e6,
+        "max_position_embeddings": 32768,
         "rope_scaling": scaling,
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("head_dim", [8, 128])
@@ -49,9 +67,13 @@ def test_inv_freq_matches_transformers(scaling, head_dim):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     hf = transformers.PretrainedConfig(
-        rope_theta=1e6, head_dim=head_dim, hidden_size=4 * head_dim, num_attention_heads=4,
-        max_position_embeddings=32768, rope_scaling=dict(scaling),
-    )  # fmt: skip
+        rope_theta=1e6,
+        head_dim=head_dim,
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        max_position_embeddings=32768,
+        rope_scaling=dict(scaling),
+    )
     expected, expected_scaling = ROPE_INIT_FUNCTIONS[scaling.get("rope_type", scaling.get("type"))](hf, "cpu")
     ours, our_scaling = rope_inv_freq(TransformerConfig.from_dict(_stack(head_dim, scaling), "talker_config"))
     assert torch.equal(ours, expected)
@@ -77,9 +99,11 @@ def test_linear_scaling_matches_official(oracle_checkpoints, tmp_path):
 
     mrope = {"mrope_section": [4, 2, 2], "interleaved": True}
     path = _copy_with_scaling(
-        oracle_checkpoints["custom_voice"], tmp_path / "linear2",
-        {"rope_type": "linear", "factor": 2.0, **mrope}, {"rope_type": "linear", "factor": 2.0},
-    )  # fmt: skip
+        oracle_checkpoints["custom_voice"],
+        tmp_path / "linear2",
+        {"rope_type": "linear", "factor": 2.0, **mrope},
+        {"rope_type": "linear", "factor": 2.0},
+    )
     case = CASES["custom_voice"]
     official = _run_official(path, case)
     options = ModelOptions(max_streams=4, max_seq_len=512)
@@ -102,20 +126,33 @@ def test_linear_scaling_matches_official(oracle_checkpoints, tmp_path):
 @pytest.mark.parametrize(
     ("section", "scaling", "match"),
     [
-        ("talker", {"rope_type": "dynamic", "factor": 2.0}, r"talker_config\.rope_scaling\.rope_type 'dynamic' is not supported"),
-        ("predictor", {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]},
-         r"talker_config\.code_predictor_config\.rope_scaling\.rope_type 'longrope' is not supported"),
-        ("predictor", {"rope_type": "ntk-magic"}, r"code_predictor_config\.rope_scaling\.rope_type 'ntk-magic' is not supported"),
+        (
+            "talker",
+            {"rope_type": "dynamic", "factor": 2.0},
+            r"talker_config\.rope_scaling\.rope_type 'dynamic' is not supported",
+        ),
+        (
+            "predictor",
+            {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]},
+            r"talker_config\.code_predictor_config\.rope_scaling\.rope_type 'longrope' is not supported",
+        ),
+        (
+            "predictor",
+            {"rope_type": "ntk-magic"},
+            r"code_predictor_config\.rope_scaling\.rope_type 'ntk-magic' is not supported",
+        ),
         ("talker", {"rope_type": "linear"}, r"talker_config\.rope_scaling of type 'linear' lacks 'factor'"),
         ("talker", {"rope_type": "linear", "factor": "2"}, r"talker_config\.rope_scaling\.factor must be a number"),
         ("talker", [2.0], r"talker_config\.rope_scaling must be an object or null"),
     ],
-)  # fmt: skip
+)
 def test_unsupported_scaling_is_refused_naming_key_and_file(oracle_checkpoints, tmp_path, section, scaling, match):
     path = _copy_with_scaling(
-        oracle_checkpoints["custom_voice"], tmp_path / "bad",
-        scaling if section == "talker" else None, scaling if section == "predictor" else None,
-    )  # fmt: skip
+        oracle_checkpoints["custom_voice"],
+        tmp_path / "bad",
+        scaling if section == "talker" else None,
+        scaling if section == "predictor" else None,
+    )
     with pytest.raises(CheckpointError, match=match) as info:
         load_checkpoint(path)
     assert str(path / "config.json") in str(info.value)

@@ -19,8 +19,6 @@ from pathlib import Path
 import pytest
 
 
-
-
 def _load_torchtune_rope() -> type:
     spec = importlib.util.find_spec("torchtune")  # locates the package without running its __init__
     if spec is None or spec.origin is None:

@@ -38,7 +38,7 @@ def _save(state, tmp_path, name="model.safetensors"):
 def test_random_is_seeded(model):
     again = random_xcodec2_decoder(TINY, seed=3)
     other = random_xcodec2_decoder(TINY, seed=4)
-    for (name, a), b, c in zip(model.state_dict().items(), again.state_dict().values(), other.state_dict().values()):
+    for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), name
     assert not torch.equal(model.head_out.weight, other.head_out.weight)
 
@@ -81,8 +81,16 @@ def test_tiny_decode_is_fast(model):
     assert elapsed < 1.0, f"tiny decode of 200 frames took {elapsed:.2f} s"
 
 
-@pytest.mark.parametrize("bad", [torch.tensor([[0, 65536]]), torch.tensor([[-1]]), torch.zeros(4, dtype=torch.long),
-                                 torch.zeros(1, 3, dtype=torch.int32), torch.zeros(1, 0, dtype=torch.long)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        torch.tensor([[0, 65536]]),
+        torch.tensor([[-1]]),
+        torch.zeros(4, dtype=torch.long),
+        torch.zeros(1, 3, dtype=torch.int32),
+        torch.zeros(1, 0, dtype=torch.long),
+    ],
+)
 def test_rejects_bad_codes(model, bad):
     with pytest.raises(ValueError, match="codes must"):
         model(bad)

@@ -73,12 +73,19 @@ def test_chunked_stream_other_chunkings_and_validation():
 def test_model_official_chunked_mode_streams_the_official_decode():
     """Over 340 frames the model's audio in official_chunked mode equals chunked_decode of the frames
     it emitted (checked against the official package above), and exact mode equals a full decode."""
-    request = SynthesisRequest(text="A long one.", voice="aiden", sampling=SamplingParams.greedy(max_new_tokens=FRAMES + 1),
-                               seed=3, max_duration_s=60.0)  # fmt: skip
+    request = SynthesisRequest(
+        text="A long one.",
+        voice="aiden",
+        sampling=SamplingParams.greedy(max_new_tokens=FRAMES + 1),
+        seed=3,
+        max_duration_s=60.0,
+    )
     audio, frames = {}, {}
     for mode in ("exact", "official_chunked"):
-        model = load_preset("qwen3-tts-tiny", options=ModelOptions(max_streams=1, max_seq_len=512, decode_mode=mode,
-                                                                   audio_every_frames=4))  # fmt: skip
+        model = load_preset(
+            "qwen3-tts-tiny",
+            options=ModelOptions(max_streams=1, max_seq_len=512, decode_mode=mode, audio_every_frames=4),
+        )
         model._suppress[model.config.talker.codec_eos_token_id] = True  # never stop early: reach FRAMES frames
         emitted = []
         model.frame_observer = lambda sid, codes, emitted=emitted: emitted.append(codes)
