@@ -18,6 +18,7 @@ import torch
 
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
+from tilevox.models.llama.weights import o1_random_llama
 from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.qwen3_tts.loader import preset_config_dict, randomize_network_
@@ -46,25 +47,6 @@ LLAMA_VARIANTS: dict[str, LlamaConfig] = {
 
 
 @torch.no_grad()
-def o1_random_llama(config: LlamaConfig, *, seed: int, device, dtype: torch.dtype) -> LlamaForCausalLM:
-    """Seeded random Llama with O(1) activations: matrices N(0, 1/fan_in), an untied embedding N(0, 1),
-    norm gains 1 + N(0, 0.1) (as tests/engine_builder/conftest.py). Drawn in fp32 on `device`, then cast.
-    A tied table is also the head, so it is drawn as a matrix: N(0, 1) rows would dominate the final
-    hidden state and every step would predict its own input token (logit gap ~500 at 1B)."""
-    device = torch.device(device)
-    model = LlamaForCausalLM(config, device=device, dtype=dtype)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    for name, param in model.named_parameters():  # a tied head appears once (as the embedding)
-        noise = torch.randn(param.shape, generator=gen, device=device, dtype=torch.float32)
-        if param.dim() == 1:
-            param.copy_(1.0 + 0.1 * noise)
-        elif "embed" in name and not config.tie_word_embeddings:
-            param.copy_(noise)
-        else:
-            param.copy_(noise / math.sqrt(param.shape[1]))
-    return model.eval().requires_grad_(False)
-
-
 def fp32_twin(model: LlamaForCausalLM) -> LlamaForCausalLM:
     """An fp32 copy holding exactly the model's (bf16) weight values; ties survive the deepcopy."""
     return copy.deepcopy(model).float()

@@ -10,6 +10,7 @@ Imports: torch, models.errors, models.checkpoint_io, models.llama.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from tilevox.models.errors import CheckpointError
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.model import LlamaForCausalLM
 
-__all__ = ["load_llama", "load_llama_config", "random_llama", "read_safetensors_index"]
+__all__ = ["load_llama", "load_llama_config", "o1_random_llama", "random_llama", "read_safetensors_index"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INIT_STD = 0.02  # transformers' initializer_range default for Llama
@@ -48,6 +49,28 @@ def random_llama(config: LlamaConfig, *, seed: int, device, dtype: torch.dtype) 
                     param.zero_()
                 else:
                     param.normal_(0.0, _INIT_STD, generator=generator)
+    return model.eval().requires_grad_(False)
+
+
+def o1_random_llama(config: LlamaConfig, *, seed: int, device, dtype: torch.dtype) -> LlamaForCausalLM:
+    """Seeded random Llama with O(1) activations, for numerical tests and benchmarks: matrices
+    N(0, 1/fan_in), an untied embedding N(0, 1), norm gains 1 + N(0, 0.1). `random_llama`'s N(0, 0.02)
+    init gives near-uniform logits, where greedy tokens would test rounding rather than the code. Drawn in
+    fp32 on `device`, then stored in `dtype`. A tied table is also the head, so it is drawn as a matrix:
+    N(0, 1) rows would dominate the final hidden state and every step would predict its own input token."""
+    _check_dtype(dtype)
+    device = torch.device(device)
+    model = LlamaForCausalLM(config, device=device, dtype=dtype)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # a tied head appears once (as the embedding)
+            noise = torch.randn(param.shape, generator=generator, device=device, dtype=torch.float32)
+            if param.dim() == 1:
+                param.copy_(1.0 + 0.1 * noise)
+            elif "embed" in name and not config.tie_word_embeddings:
+                param.copy_(noise)
+            else:
+                param.copy_(noise / math.sqrt(param.shape[1]))
     return model.eval().requires_grad_(False)
 
 

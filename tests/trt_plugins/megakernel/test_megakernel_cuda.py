@@ -19,7 +19,7 @@ from tilevox.engine_builder.regions.bindings import (
     sampling_inputs,
 )
 from tilevox.models.llama.config import LlamaConfig
-from tilevox.models.llama.weights import random_llama
+from tilevox.models.llama.weights import o1_random_llama
 from tilevox.models.sampling import SamplingParams
 from tilevox.trt_plugins.megakernel import BufferKind, Wait, run_program
 from tilevox.trt_plugins.megakernel.instructions import (
@@ -49,20 +49,9 @@ def rt():
 
 
 def _tiny_llama(dtype: torch.dtype, **config_changes):
-    """As tests/engine_builder/conftest.py: O(1) activations so greedy tokens have clear margins."""
+    """The region-compiler tests' tiny Llama (O(1) activations, so greedy tokens have clear margins), cast."""
     config = dataclasses.replace(LlamaConfig.preset("tiny"), **config_changes)
-    model = random_llama(config, seed=0, device="cpu", dtype=torch.float32)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen)
-            if param.dim() == 1:
-                param.copy_(1.0 + 0.1 * noise)
-            elif "embed" in name:
-                param.copy_(noise)
-            else:
-                param.copy_(noise / param.shape[1] ** 0.5)
-    return model.to(dtype)
+    return o1_random_llama(config, seed=1, device="cpu", dtype=torch.float32).to(dtype)
 
 
 @pytest.fixture(scope="module")
