@@ -56,8 +56,9 @@ def load_model(
 ) -> SpeechModel:
     """Load `spec`: `random:<preset>` (seeded random weights) or a checkpoint directory.
 
-    With `fused_swiglu` AUTO the MLPs use the fused CUTLASS op where it can run (Hopper, bf16, kernel
-    library built) and the PyTorch reference elsewhere; ON raises where it cannot run."""
+    With `fused_swiglu` AUTO each MLP call takes the path that the measured dispatch table
+    (models/fused_swiglu_dispatch.json) names for its shape and token count on this GPU, PyTorch wherever
+    the table has nothing faster; ON uses the fused op at every token count and raises where it cannot run."""
     model = _load_model(spec, device=device, dtype=dtype)
     apply_fused_swiglu(model.torch_modules(), fused_swiglu)
     return model

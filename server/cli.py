@@ -55,7 +55,7 @@ def _add_synth(subparsers) -> None:
         "--fused-swiglu",
         default="auto",
         choices=["auto", "on", "off"],
-        help="fused CUTLASS SwiGLU MLPs: auto = where they can run (Hopper, bf16), else the PyTorch path",
+        help="fused CUTLASS SwiGLU MLPs: auto = per shape and token count where measured faster on this GPU (Hopper, bf16), else the PyTorch path",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_megakernel_args(p)
@@ -195,7 +195,7 @@ def _add_serve(subparsers) -> None:
         "--fused-swiglu",
         default="auto",
         choices=["auto", "on", "off"],
-        help="fused CUTLASS SwiGLU MLPs: auto = where they can run (Hopper, bf16), else the PyTorch path",
+        help="fused CUTLASS SwiGLU MLPs: auto = per shape and token count where measured faster on this GPU (Hopper, bf16), else the PyTorch path",
     )
     _add_megakernel_args(p)
     p.set_defaults(handler=_run_serve)

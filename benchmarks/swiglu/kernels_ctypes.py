@@ -41,8 +41,12 @@ class TilevoxKernels:
         L.tilevox_swiglu_gateup_config_name.restype = ctypes.c_char_p
         L.tilevox_gemm_bf16_config_name.restype = ctypes.c_char_p
         L.tilevox_swiglu_gateup_select.argtypes = [
-            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
-            ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_int),
+            ctypes.POINTER(ctypes.c_int),
         ]
         self.packing_block = L.tilevox_swiglu_packing_block()
 
@@ -62,8 +66,20 @@ class TilevoxKernels:
         m, k = x.shape
         n = out.shape[1]
         ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
-        return SwigluParams(ptr(x), ptr(w_gate), ptr(w_up), ptr(w_packed), ptr(out), m, n, k,
-                            x.stride(0), out.stride(0), kernel, tile_config)
+        return SwigluParams(
+            ptr(x),
+            ptr(w_gate),
+            ptr(w_up),
+            ptr(w_packed),
+            ptr(out),
+            m,
+            n,
+            k,
+            x.stride(0),
+            out.stride(0),
+            kernel,
+            tile_config,
+        )
 
     def swiglu_launch(self, params: SwigluParams) -> None:
         stream = torch.cuda.current_stream().cuda_stream

@@ -25,8 +25,10 @@ def main(path: str) -> None:
         overall = min(best.values(), key=lambda c: res[c]["ms"])
         kid = 1 if overall.startswith("k1") else 2
         cfg = lambda c: int(c.split("cfg")[1])  # noqa: E731
-        print(f"{{{row['T']}, {row['I']}, {row['H']}, {kid}, {cfg(overall)}, {cfg(best['k1'])}, {cfg(best['k2'])}}},"
-              f"  // {row['model']}: {res[overall]['ms'] * 1e3:.1f} us")
+        print(
+            f"{{{row['T']}, {row['I']}, {row['H']}, {kid}, {cfg(overall)}, {cfg(best['k1'])}, {cfg(best['k2'])}}},"
+            f"  // {row['model']}: {res[overall]['ms'] * 1e3:.1f} us"
+        )
 
 
 if __name__ == "__main__":

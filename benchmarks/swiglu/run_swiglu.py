@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -158,8 +157,12 @@ def run_awkward(kern: TilevoxKernels, gen) -> list[dict]:
         torch.cuda.synchronize()
         rows.append({"case": "T=64 H=512 I=256 x*300 (|g| >> 88)", "kernel": kname, **mismatch_stats(out, ref)})
     # Rejections.
-    rejected = [("k % 8 != 0", 4, 100, 64, {}), ("n % 8 != 0", 4, 64, 1001, {}),
-                ("x misaligned", 4, 64, 64, {"misalign_x": True}), ("ldx % 8 != 0", 4, 64, 64, {"ldx_pad": 4})]
+    rejected = [
+        ("k % 8 != 0", 4, 100, 64, {}),
+        ("n % 8 != 0", 4, 64, 1001, {}),
+        ("x misaligned", 4, 64, 64, {"misalign_x": True}),
+        ("ldx % 8 != 0", 4, 64, 64, {"ldx_pad": 4}),
+    ]
     for what, t, h, i, opt in rejected:
         for kid, kname in ((KERNEL_DUAL_PINGPONG, "k1"), (KERNEL_PACKED_EVT, "k2")):
             x, wg, wu = make_inputs(t, h, i, gen)
@@ -246,8 +249,12 @@ def run_bench(kern: TilevoxKernels, shapes, tokens, gen, peak: float, use_compil
             for kid, kname in ((KERNEL_DUAL_PINGPONG, "k1"), (KERNEL_PACKED_EVT, "k2")):
                 for cfg in range(kern.lib.tilevox_swiglu_gateup_num_configs(kid)):
                     for s in sets:
-                        s[f"p_{kname}{cfg}"] = kern.swiglu_params(s["x"], s["wg"], s["wu"], s["wpk"], s["out"], kid, cfg)
-                    variants[f"{kname}_cfg{cfg}"] = (lambda key: lambda s: kern.swiglu_launch(s[key]))(f"p_{kname}{cfg}")
+                        s[f"p_{kname}{cfg}"] = kern.swiglu_params(
+                            s["x"], s["wg"], s["wu"], s["wpk"], s["out"], kid, cfg
+                        )
+                    variants[f"{kname}_cfg{cfg}"] = (lambda key: lambda s: kern.swiglu_launch(s[key]))(
+                        f"p_{kname}{cfg}"
+                    )
             for s in sets:
                 s["p_auto"] = kern.swiglu_params(s["x"], s["wg"], s["wu"], s["wpk"], s["out"], KERNEL_AUTO, -1)
             variants["tilevox_auto"] = lambda s: kern.swiglu_launch(s["p_auto"])
@@ -271,8 +278,18 @@ def run_bench(kern: TilevoxKernels, shapes, tokens, gen, peak: float, use_compil
             for kid, kname in ((KERNEL_DUAL_PINGPONG, "k1"), (KERNEL_PACKED_EVT, "k2"), (KERNEL_AUTO, "auto")):
                 sel_kid, sel_cfg, sel_name = kern.select(t, i, h, kid)
                 auto[kname] = f"{'k1' if sel_kid == KERNEL_DUAL_PINGPONG else 'k2'}_cfg{sel_cfg}"
-            rows.append({"model": name, "T": t, "H": h, "I": i, "flops": flops, "num_sets": nsets,
-                         "heuristic": auto, "results": res})
+            rows.append(
+                {
+                    "model": name,
+                    "T": t,
+                    "H": h,
+                    "I": i,
+                    "flops": flops,
+                    "num_sets": nsets,
+                    "heuristic": auto,
+                    "results": res,
+                }
+            )
             del sets
             print(f"bench {name} T={t} done", flush=True)
         torch.cuda.empty_cache()
@@ -285,9 +302,14 @@ def run_gemm_bench(kern: TilevoxKernels, shapes, tokens, gen, peak: float) -> li
     for name, (h, i) in shapes.items():
         for t in tokens:
             nsets = int(max(2, min(8, math.ceil(256e6 / (2 * (t * i + h * i + t * h))))))
-            sets = [{"a": torch.randn(t, i, device=DEV, generator=gen).bfloat16(),
-                     "b": (torch.randn(h, i, device=DEV, generator=gen) / math.sqrt(i)).bfloat16(),
-                     "d": torch.empty(t, h, device=DEV, dtype=torch.bfloat16)} for _ in range(nsets)]
+            sets = [
+                {
+                    "a": torch.randn(t, i, device=DEV, generator=gen).bfloat16(),
+                    "b": (torch.randn(h, i, device=DEV, generator=gen) / math.sqrt(i)).bfloat16(),
+                    "d": torch.empty(t, h, device=DEV, dtype=torch.bfloat16),
+                }
+                for _ in range(nsets)
+            ]
             res = {}
             for cfg in [-1, *range(kern.lib.tilevox_gemm_bf16_num_configs())]:
                 ms = time_fn(lambda s, c=cfg: kern.gemm(s["a"], s["b"], s["d"], tile_config=c), sets)
@@ -329,10 +351,15 @@ def run_mlp_graphs(kern: TilevoxKernels, gen, peak: float) -> list[dict]:
             def down_only():
                 kern.gemm(hbuf, wd, y)
 
-            variants = (("tilevox_fused_mlp", fused), ("torch_eager_mlp", eager), ("tilevox_gateup", gateup_only),
-                        ("torch_eager_gateup", lambda: torch_eager(x, wg, wu)),
-                        ("torch_merged_gateup_act", lambda: torch_merged(x, wcat)),
-                        ("tilevox_down_gemm", down_only), ("torch_down_gemm", lambda: hbuf @ wd.T))
+            variants = (
+                ("tilevox_fused_mlp", fused),
+                ("torch_eager_mlp", eager),
+                ("tilevox_gateup", gateup_only),
+                ("torch_eager_gateup", lambda: torch_eager(x, wg, wu)),
+                ("torch_merged_gateup_act", lambda: torch_merged(x, wcat)),
+                ("tilevox_down_gemm", down_only),
+                ("torch_down_gemm", lambda: hbuf @ wd.T),
+            )
             for vname, fn in variants:
                 try:
                     fn()
@@ -344,8 +371,9 @@ def run_mlp_graphs(kern: TilevoxKernels, gen, peak: float) -> list[dict]:
                     entry[vname] = {"ms_graph": ms, "tflops": 6.0 * t * h * i / (ms * 1e-3) / 1e12}
                 except Exception as exc:
                     entry[vname] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-800:]}
-            ref = ((F.silu(x.double() @ wg.double().T) * (x.double() @ wu.double().T)).bfloat16().double()
-                   @ wd.double().T)
+            ref = (
+                F.silu(x.double() @ wg.double().T) * (x.double() @ wu.double().T)
+            ).bfloat16().double() @ wd.double().T
             fused()
             torch.cuda.synchronize()
             entry["fused_mlp_rel_fro_err"] = float((y.double() - ref).norm() / ref.norm())
@@ -356,8 +384,20 @@ def run_mlp_graphs(kern: TilevoxKernels, gen, peak: float) -> list[dict]:
 def print_tables(result: dict) -> None:
     peak = result["peak_tflops"]
     print(f"\npeak bf16 (8192^3 cuBLAS, this run): {peak:.1f} TFLOP/s")
-    cols = ["k1_cfg0", "k1_cfg1", "k2_cfg0", "k2_cfg1", "k2_cfg2", "k2_cfg3", "k2_cfg4", "tilevox_auto", "torch_eager", "torch_merged_act", "torch_compile_default",
-            "cublas_gemm_2n_alone"]
+    cols = [
+        "k1_cfg0",
+        "k1_cfg1",
+        "k2_cfg0",
+        "k2_cfg1",
+        "k2_cfg2",
+        "k2_cfg3",
+        "k2_cfg4",
+        "tilevox_auto",
+        "torch_eager",
+        "torch_merged_act",
+        "torch_compile_default",
+        "cublas_gemm_2n_alone",
+    ]
     print("\nmodel  T     " + " ".join(f"{c[:14]:>14}" for c in cols) + "  best_tv  %peak  x_eager  x_merged")
     for row in result.get("bench", []):
         r = row["results"]
@@ -370,12 +410,16 @@ def print_tables(result: dict) -> None:
             pk = r[best]["pct_peak"]
             xe = r["torch_eager"]["ms"] / tv[best] if "ms" in r.get("torch_eager", {}) else float("nan")
             xm = r["torch_merged_act"]["ms"] / tv[best] if "ms" in r.get("torch_merged_act", {}) else float("nan")
-            print(f"{row['model']:<6} {row['T']:<5} " + " ".join(cells) + f"  {best:>7} {pk:5.1f} {xe:7.2f}x {xm:7.2f}x")
+            print(
+                f"{row['model']:<6} {row['T']:<5} " + " ".join(cells) + f"  {best:>7} {pk:5.1f} {xe:7.2f}x {xm:7.2f}x"
+            )
     print("\ndown-projection GEMM (us): model T auto cfg0 cfg1 cfg2 torch")
     for row in result.get("gemm_down_bench", []):
         r = row["results"]
-        print(f"  {row['model']:<5} {row['T']:<5} " + " ".join(f"{r[c]['ms'] * 1e3:9.1f}" for c in
-                                                           ("auto", "cfg0", "cfg1", "cfg2", "torch")))
+        print(
+            f"  {row['model']:<5} {row['T']:<5} "
+            + " ".join(f"{r[c]['ms'] * 1e3:9.1f}" for c in ("auto", "cfg0", "cfg1", "cfg2", "torch"))
+        )
     for m in result.get("mlp_cuda_graphs", []):
         cells = {k: v.get("ms_graph", v.get("error")) for k, v in m.items() if isinstance(v, dict)}
         print("  mlp graph", m["model"], m["T"], cells)
@@ -392,8 +436,10 @@ def print_tables(result: dict) -> None:
                 a[k] = max(a[k], st[f"mismatch_rate_rtol_{k}"])
             a["refmag"] = max(a["refmag"], st.get("mismatch_2^-8_max_abs_ref_over_rms", 0.0))
     for cand, a in agg.items():
-        print(f"  {cand:<22} rtol 2^-8: {100 * a['2^-8']:.4f}%  rtol 5e-3: {100 * a['5e-3']:.4f}%  "
-              f"errors {a['errors']}  nonfinite {a['nonfinite']}  mismatched |ref|/rms <= {a['refmag']:.3g}")
+        print(
+            f"  {cand:<22} rtol 2^-8: {100 * a['2^-8']:.4f}%  rtol 5e-3: {100 * a['5e-3']:.4f}%  "
+            f"errors {a['errors']}  nonfinite {a['nonfinite']}  mismatched |ref|/rms <= {a['refmag']:.3g}"
+        )
 
 
 def main() -> int:
@@ -414,11 +460,17 @@ def main() -> int:
     kern = TilevoxKernels(args.lib)
     props = torch.cuda.get_device_properties(0)
     result = {
-        "device": props.name, "sm_count": props.multi_processor_count,
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": args.git_commit, "torch": torch.__version__, "cuda": torch.version.cuda, "seed": args.seed,
+        "device": props.name,
+        "sm_count": props.multi_processor_count,
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_commit": args.git_commit,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "seed": args.seed,
         "allow_bf16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
-        "packing_block": kern.packing_block, "tokens": tokens, "models": list(shapes),
+        "packing_block": kern.packing_block,
+        "tokens": tokens,
+        "models": list(shapes),
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -259,8 +259,10 @@ def _poison_next_output(shape: tuple[int, ...]) -> None:
 
 
 def _cuda_layouts(lib) -> list[GateUpLayout]:
-    return [GateUpLayout(kernel=SwigluKernel.DUAL_PINGPONG, block=0),
-            GateUpLayout(kernel=SwigluKernel.PACKED_EVT, block=lib.tilevox_swiglu_packing_block())]
+    return [
+        GateUpLayout(kernel=SwigluKernel.DUAL_PINGPONG, block=0),
+        GateUpLayout(kernel=SwigluKernel.PACKED_EVT, block=lib.tilevox_swiglu_packing_block()),
+    ]
 
 
 @pytest.mark.gpu

@@ -252,8 +252,15 @@ def _check_cuda(x: torch.Tensor, *weights: torch.Tensor) -> None:
         )
 
 
-def _launch_gateup(lib, x2: torch.Tensor, w_packed: torch.Tensor, out: torch.Tensor, layout: GateUpLayout,
-                   tile_config: int, stream: int) -> None:
+def _launch_gateup(
+    lib,
+    x2: torch.Tensor,
+    w_packed: torch.Tensor,
+    out: torch.Tensor,
+    layout: GateUpLayout,
+    tile_config: int,
+    stream: int,
+) -> None:
     m, k = x2.shape
     n = out.shape[1]
     if layout.kernel is SwigluKernel.PACKED_EVT and layout.block != lib.tilevox_swiglu_packing_block():
@@ -268,22 +275,31 @@ def _launch_gateup(lib, x2: torch.Tensor, w_packed: torch.Tensor, out: torch.Ten
         w_up=w_packed[n:].data_ptr() if is_dual else None,  # [Wg; Wu]: Wu starts at row N
         w_packed=None if is_dual else w_packed.data_ptr(),
         out=out.data_ptr(),
-        m=m, n=n, k=k, ldx=x2.stride(0), ldo=out.stride(0),
-        kernel=int(layout.kernel), tile_config=tile_config,
+        m=m,
+        n=n,
+        k=k,
+        ldx=x2.stride(0),
+        ldo=out.stride(0),
+        kernel=int(layout.kernel),
+        tile_config=tile_config,
     )
     status = lib.tilevox_swiglu_gateup_launch(ctypes.byref(params), ctypes.c_void_p(stream))
     check_status(lib, status, f"tilevox_swiglu_gateup_launch(m={m}, n={n}, k={k}, kernel={int(layout.kernel)})")
 
 
 @torch.library.custom_op("tilevox::swiglu_gateup", mutates_args=(), device_types="cpu")
-def _swiglu_gateup_op(x: torch.Tensor, w_packed: torch.Tensor, kernel: int, block: int, tile_config: int) -> torch.Tensor:
+def _swiglu_gateup_op(
+    x: torch.Tensor, w_packed: torch.Tensor, kernel: int, block: int, tile_config: int
+) -> torch.Tensor:
     layout = _check_gateup_args(x, w_packed, kernel, block)
     w_gate, w_up = unpack_gate_up(w_packed, kernel=layout.kernel, block=layout.block)
     return swiglu_gateup_ref(x, w_gate, w_up)
 
 
 @_swiglu_gateup_op.register_kernel("cuda")
-def _swiglu_gateup_cuda(x: torch.Tensor, w_packed: torch.Tensor, kernel: int, block: int, tile_config: int) -> torch.Tensor:
+def _swiglu_gateup_cuda(
+    x: torch.Tensor, w_packed: torch.Tensor, kernel: int, block: int, tile_config: int
+) -> torch.Tensor:
     layout = _check_gateup_args(x, w_packed, kernel, block)
     _check_cuda(x, w_packed)
     lib = kernels_library()
@@ -292,20 +308,28 @@ def _swiglu_gateup_cuda(x: torch.Tensor, w_packed: torch.Tensor, kernel: int, bl
     out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)  # (M, N)
     if x2.shape[0] > 0:
         with torch.cuda.device(x.device):
-            _launch_gateup(lib, x2, w_packed, out, layout, tile_config,
-                           torch.cuda.current_stream(x.device).cuda_stream)
+            _launch_gateup(lib, x2, w_packed, out, layout, tile_config, torch.cuda.current_stream(x.device).cuda_stream)
     return out.reshape(*x.shape[:-1], n)
 
 
 @_swiglu_gateup_op.register_fake
-def _swiglu_gateup_fake(x: torch.Tensor, w_packed: torch.Tensor, kernel: int, block: int, tile_config: int) -> torch.Tensor:
+def _swiglu_gateup_fake(
+    x: torch.Tensor, w_packed: torch.Tensor, kernel: int, block: int, tile_config: int
+) -> torch.Tensor:
     _check_gateup_args(x, w_packed, kernel, block)
     return x.new_empty((*x.shape[:-1], w_packed.shape[0] // 2))
 
 
 @torch.library.custom_op("tilevox::swiglu_mlp", mutates_args=(), device_types="cpu")
-def _swiglu_mlp_op(x: torch.Tensor, w_packed: torch.Tensor, w_down: torch.Tensor, kernel: int, block: int,
-                   tile_config: int, down_tile_config: int) -> torch.Tensor:
+def _swiglu_mlp_op(
+    x: torch.Tensor,
+    w_packed: torch.Tensor,
+    w_down: torch.Tensor,
+    kernel: int,
+    block: int,
+    tile_config: int,
+    down_tile_config: int,
+) -> torch.Tensor:
     layout = _check_gateup_args(x, w_packed, kernel, block)
     _check_down(w_packed.shape[0] // 2, x, w_down)
     w_gate, w_up = unpack_gate_up(w_packed, kernel=layout.kernel, block=layout.block)
@@ -313,8 +337,15 @@ def _swiglu_mlp_op(x: torch.Tensor, w_packed: torch.Tensor, w_down: torch.Tensor
 
 
 @_swiglu_mlp_op.register_kernel("cuda")
-def _swiglu_mlp_cuda(x: torch.Tensor, w_packed: torch.Tensor, w_down: torch.Tensor, kernel: int, block: int,
-                     tile_config: int, down_tile_config: int) -> torch.Tensor:
+def _swiglu_mlp_cuda(
+    x: torch.Tensor,
+    w_packed: torch.Tensor,
+    w_down: torch.Tensor,
+    kernel: int,
+    block: int,
+    tile_config: int,
+    down_tile_config: int,
+) -> torch.Tensor:
     layout = _check_gateup_args(x, w_packed, kernel, block)
     _check_down(w_packed.shape[0] // 2, x, w_down)
     _check_cuda(x, w_packed, w_down)
@@ -328,16 +359,32 @@ def _swiglu_mlp_cuda(x: torch.Tensor, w_packed: torch.Tensor, w_down: torch.Tens
         with torch.cuda.device(x.device):
             stream = torch.cuda.current_stream(x.device).cuda_stream
             _launch_gateup(lib, x2, w_packed, h, layout, tile_config, stream)
-            params = GemmBf16Params(a=h.data_ptr(), b=w_down.data_ptr(), d=out.data_ptr(), m=m, n=hidden, k=n,
-                                    lda=h.stride(0), ldd=out.stride(0), tile_config=down_tile_config)
+            params = GemmBf16Params(
+                a=h.data_ptr(),
+                b=w_down.data_ptr(),
+                d=out.data_ptr(),
+                m=m,
+                n=hidden,
+                k=n,
+                lda=h.stride(0),
+                ldd=out.stride(0),
+                tile_config=down_tile_config,
+            )
             status = lib.tilevox_gemm_bf16_launch(ctypes.byref(params), ctypes.c_void_p(stream))
             check_status(lib, status, f"tilevox_gemm_bf16_launch(m={m}, n={hidden}, k={n})")
     return out.reshape(*x.shape[:-1], hidden)
 
 
 @_swiglu_mlp_op.register_fake
-def _swiglu_mlp_fake(x: torch.Tensor, w_packed: torch.Tensor, w_down: torch.Tensor, kernel: int, block: int,
-                     tile_config: int, down_tile_config: int) -> torch.Tensor:
+def _swiglu_mlp_fake(
+    x: torch.Tensor,
+    w_packed: torch.Tensor,
+    w_down: torch.Tensor,
+    kernel: int,
+    block: int,
+    tile_config: int,
+    down_tile_config: int,
+) -> torch.Tensor:
     _check_gateup_args(x, w_packed, kernel, block)
     _check_down(w_packed.shape[0] // 2, x, w_down)
     return x.new_empty((*x.shape[:-1], w_down.shape[0]))
@@ -357,42 +404,67 @@ def _tile(tiles: TileTable, layout: GateUpLayout, x: torch.Tensor, n: int) -> in
     return tiles.lookup(layout.kernel, _tokens(x), n, x.shape[-1])
 
 
-def swiglu_gateup(x: torch.Tensor, w_packed: torch.Tensor, *, layout: GateUpLayout,
-                  tiles: TileTable = _NO_TILES) -> torch.Tensor:
+def swiglu_gateup(
+    x: torch.Tensor, w_packed: torch.Tensor, *, layout: GateUpLayout, tiles: TileTable = _NO_TILES
+) -> torch.Tensor:
     """h = silu(x Wg^T) * (x Wu^T) for x (..., K) and `w_packed` = pack_gate_up(Wg, Wu, layout); returns (..., N)."""
     n = w_packed.shape[0] // 2
     return torch.ops.tilevox.swiglu_gateup(x, w_packed, int(layout.kernel), layout.block, _tile(tiles, layout, x, n))
 
 
-def swiglu_mlp(x: torch.Tensor, w_packed: torch.Tensor, w_down: torch.Tensor, *, layout: GateUpLayout,
-               tiles: TileTable = _NO_TILES, down_tile_config: int = -1) -> torch.Tensor:
+def swiglu_mlp(
+    x: torch.Tensor,
+    w_packed: torch.Tensor,
+    w_down: torch.Tensor,
+    *,
+    layout: GateUpLayout,
+    tiles: TileTable = _NO_TILES,
+    down_tile_config: int = -1,
+) -> torch.Tensor:
     """(silu(x Wg^T) * (x Wu^T)) Wd^T for x (..., K), w_down (H, N) (HF down_proj); returns (..., H)."""
     n = w_packed.shape[0] // 2
-    return torch.ops.tilevox.swiglu_mlp(x, w_packed, w_down, int(layout.kernel), layout.block,
-                                        _tile(tiles, layout, x, n), down_tile_config)
+    return torch.ops.tilevox.swiglu_mlp(
+        x, w_packed, w_down, int(layout.kernel), layout.block, _tile(tiles, layout, x, n), down_tile_config
+    )
 
 
 class SwigluMLP(torch.nn.Module):
     """A bias-free SwiGLU MLP (Llama/Qwen `mlp`) holding its gate/up weights packed for one kernel."""
 
-    def __init__(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, layout: GateUpLayout,
-                 tiles: TileTable = _NO_TILES) -> None:
+    def __init__(
+        self,
+        w_gate: torch.Tensor,
+        w_up: torch.Tensor,
+        w_down: torch.Tensor,
+        *,
+        layout: GateUpLayout,
+        tiles: TileTable = _NO_TILES,
+    ) -> None:
         super().__init__()
         self.layout = layout
         self.tiles = tiles
-        self.w_packed = torch.nn.Parameter(pack_gate_up(w_gate, w_up, kernel=layout.kernel, block=layout.block),
-                                           requires_grad=False)
+        self.w_packed = torch.nn.Parameter(
+            pack_gate_up(w_gate, w_up, kernel=layout.kernel, block=layout.block), requires_grad=False
+        )
         self.w_down = torch.nn.Parameter(w_down.contiguous(), requires_grad=False)
 
     @classmethod
-    def from_linears(cls, gate_proj: torch.nn.Linear, up_proj: torch.nn.Linear, down_proj: torch.nn.Linear, *,
-                     layout: GateUpLayout, tiles: TileTable = _NO_TILES) -> SwigluMLP:
+    def from_linears(
+        cls,
+        gate_proj: torch.nn.Linear,
+        up_proj: torch.nn.Linear,
+        down_proj: torch.nn.Linear,
+        *,
+        layout: GateUpLayout,
+        tiles: TileTable = _NO_TILES,
+    ) -> SwigluMLP:
         """Pack a Hugging Face MLP's bias-free gate_proj/up_proj/down_proj Linears (done once, at load time)."""
         for name, linear in (("gate_proj", gate_proj), ("up_proj", up_proj), ("down_proj", down_proj)):
             if linear.bias is not None:
                 raise ValueError(f"{name} has a bias; the fused SwiGLU ops take bias-free projections")
-        return cls(gate_proj.weight.detach(), up_proj.weight.detach(), down_proj.weight.detach(), layout=layout,
-                   tiles=tiles)
+        return cls(
+            gate_proj.weight.detach(), up_proj.weight.detach(), down_proj.weight.detach(), layout=layout, tiles=tiles
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return swiglu_mlp(x, self.w_packed, self.w_down, layout=self.layout, tiles=self.tiles)
