@@ -15,7 +15,7 @@ import abc
 import enum
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -60,7 +60,7 @@ class SynthesisRequest:
     language: str | None = None  # None = the model's automatic choice
     instructions: str | None = None  # natural-language voice description (voice-design models)
     voice_prompt: VoicePrompt | None = None  # reference audio (voice-cloning models)
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: SamplingParams | None = None  # None: not chosen by the caller, the model's own defaults
     seed: int = 0
     max_duration_s: float = 60.0
 

@@ -119,7 +119,7 @@ def _run_synth(args: argparse.Namespace) -> int:
         raise CommandError(f"--out must end in .wav, got {args.out}")
     if not args.out.parent.exists():
         raise CommandError(f"--out directory {args.out.parent} does not exist")
-    sampling = SamplingParams() if args.temperature is None else SamplingParams(temperature=args.temperature)
+    sampling = None if args.temperature is None else SamplingParams(temperature=args.temperature)
     request = SynthesisRequest(
         text=args.text,
         voice=args.voice,

@@ -179,12 +179,8 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
                     param=f"custom_configuration.{key}",
                 ) from None
         try:
-            defaults = SamplingParams()
-            sampling = SamplingParams(
-                temperature=values.get("temperature", defaults.temperature),
-                top_k=values.get("top_k", defaults.top_k),
-                top_p=values.get("top_p", defaults.top_p),
-            )
+            chosen = {k: values[k] for k in ("temperature", "top_k", "top_p") if k in values}
+            sampling = SamplingParams(**chosen) if chosen else None  # None: the model's own defaults
             request = SynthesisRequest(
                 text=req.text,
                 voice=self._voice(req.voice_name),

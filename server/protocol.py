@@ -138,6 +138,15 @@ _KNOWN_FIELDS = {
 }
 
 
+_SAMPLING_FIELDS = {
+    "temperature": float,
+    "top_k": int,
+    "top_p": float,
+    "repetition_penalty": float,
+    "max_new_tokens": int,
+}
+
+
 def _number(body: dict, name: str, kind: type, default):
     value = body.get(name, default)
     if value is None:
@@ -242,20 +251,17 @@ def parse_speech_request(
             check_rate(fmt, sample_rate)
         except ValueError as exc:
             raise ApiError(400, f"sample_rate: {exc}", param="sample_rate") from None
-    defaults = SamplingParams()
     instructions = body.get("instructions")
     language = body.get("language")
     for name, value in (("instructions", instructions), ("language", language)):
         if value is not None and not isinstance(value, str):
             raise ApiError(400, f"{name} must be a string", param=name)
     try:
-        sampling = SamplingParams(
-            temperature=_number(body, "temperature", float, defaults.temperature),
-            top_k=_number(body, "top_k", int, defaults.top_k),
-            top_p=_number(body, "top_p", float, defaults.top_p),
-            repetition_penalty=_number(body, "repetition_penalty", float, defaults.repetition_penalty),
-            max_new_tokens=_number(body, "max_new_tokens", int, defaults.max_new_tokens),
-        )
+        # Sampling is "chosen" when the request names any of its fields (even with the default values);
+        # otherwise None: the model's own defaults (Qwen3-TTS: its generation_config.json).
+        chosen = {name: _number(body, name, kind, None) for name, kind in _SAMPLING_FIELDS.items()}
+        chosen = {name: value for name, value in chosen.items() if value is not None}
+        sampling = SamplingParams(**chosen) if chosen else None
         request = SynthesisRequest(
             text=text,
             voice=model_voice,

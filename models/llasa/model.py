@@ -174,7 +174,8 @@ class LlasaModel(SpeechModel):
             )
         max_frames = max(1, math.floor(request.max_duration_s * self.frame_rate_hz + 1e-9))
         # prompt + generated tokens stay within max_seq_len, as transformers' max_length would.
-        max_new_tokens = min(request.sampling.max_new_tokens, max_frames, self.max_seq_len - len(prompt_ids))
+        sampling = request.sampling or SamplingParams()  # Llasa's card has no generation defaults of its own
+        max_new_tokens = min(sampling.max_new_tokens, max_frames, self.max_seq_len - len(prompt_ids))
         slot = self._cache.allocate()
         try:
             prompt = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
@@ -185,7 +186,7 @@ class LlasaModel(SpeechModel):
         stream_id = next(self._next_id)
         self._streams[stream_id] = _Stream(
             slot=slot,
-            params=request.sampling,
+            params=sampling,
             generator=make_generator(request.seed, self.device),
             pending_logits=logits,
             generated=torch.empty(max_new_tokens, dtype=torch.long, device=self.device),

@@ -232,7 +232,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
 
     def _sampling(self, request: SynthesisRequest) -> tuple[SamplingParams, SamplingParams]:
         g = self.generation
-        if request.sampling == SamplingParams():  # not chosen by the caller: generation_config.json
+        if request.sampling is None:  # not chosen by the caller: generation_config.json
             talker = SamplingParams(
                 temperature=g.temperature if g.do_sample else 0.0,
                 top_k=g.top_k,

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from tilevox.models.errors import RequestError
+from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 
 
@@ -63,7 +64,9 @@ class FakeSpeechModel(SpeechModel):
         self._next_id += 1
         self.open_at_step[sid] = len(self.step_log)
         max_frames = min(
-            len(request.text), int(request.max_duration_s * self.frame_rate_hz), request.sampling.max_new_tokens
+            len(request.text),
+            int(request.max_duration_s * self.frame_rate_hz),
+            (request.sampling or SamplingParams()).max_new_tokens,
         )
         key = zlib.crc32(f"{request.seed}|{request.voice}|{request.text}".encode())
         self._streams[sid] = {"key": key, "frame": 0, "max_frames": max(1, max_frames), "started": False}
@@ -112,7 +115,12 @@ class FakeSpeechModel(SpeechModel):
     def expected(self, request: SynthesisRequest) -> np.ndarray:
         """The audio a solo run of `request` must produce."""
         max_frames = max(
-            1, min(len(request.text), int(request.max_duration_s * self.frame_rate_hz), request.sampling.max_new_tokens)
+            1,
+            min(
+                len(request.text),
+                int(request.max_duration_s * self.frame_rate_hz),
+                (request.sampling or SamplingParams()).max_new_tokens,
+            ),
         )
         key = zlib.crc32(f"{request.seed}|{request.voice}|{request.text}".encode())
         return np.concatenate([self.frame_samples(key, k) for k in range(max_frames)])

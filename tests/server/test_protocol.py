@@ -82,3 +82,13 @@ def test_errors(body, status, param):
 
 def test_speed_one_is_accepted():
     assert parse({"input": "hi", "speed": 1.0}).request.text == "hi"
+
+
+def test_sampling_is_chosen_only_when_named():
+    """No sampling field: None (the model's own defaults, e.g. Qwen3-TTS's generation_config.json); a client that
+    sends the default values explicitly has chosen them and gets exactly them."""
+    from tilevox.models.sampling import SamplingParams
+
+    assert parse({"input": "hi"}).request.sampling is None
+    explicit = parse({"input": "hi", "temperature": SamplingParams().temperature, "top_k": SamplingParams().top_k})
+    assert explicit.request.sampling == SamplingParams()

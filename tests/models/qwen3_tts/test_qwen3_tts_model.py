@@ -206,3 +206,21 @@ def test_blocked_ids_and_minimum_frames(model, greedy):
     (codes,) = frames.values()
     assert result.num_frames == 2 and result.finish_reason is FinishReason.STOP
     assert all(int(c[0]) < audio for c in codes)
+
+
+def test_sampling_not_chosen_uses_generation_config_and_chosen_defaults_are_kept():
+    from tilevox.models.registry import load_model
+    from tilevox.models.sampling import SamplingParams
+    from tilevox.models.streaming import SynthesisRequest
+
+    model = load_model("random:qwen3-tts-tiny")
+    g = model.generation
+    talker, _ = model._sampling(SynthesisRequest(text="hi"))
+    assert (talker.temperature, talker.repetition_penalty) == (g.temperature, g.repetition_penalty)
+    chosen, _ = model._sampling(SynthesisRequest(text="hi", sampling=SamplingParams()))
+    defaults = SamplingParams()
+    assert (chosen.temperature, chosen.repetition_penalty) == (defaults.temperature, defaults.repetition_penalty)
+    assert (defaults.temperature, defaults.repetition_penalty) != (
+        g.temperature,
+        g.repetition_penalty,
+    )  # the test can tell
