@@ -185,6 +185,37 @@ class LlamaConfig:
             **rope_kwargs,
         )
 
+    def to_hf_config(self) -> dict[str, Any]:
+        """The transformers LlamaConfig dict (config.json) that `from_hf_config` reads back to this config."""
+        hf: dict[str, Any] = {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "hidden_act": "silu",
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "mlp_bias": self.mlp_bias,
+        }
+        if self.head_dim is not None:
+            hf["head_dim"] = self.head_dim
+        if self.rope_type == "llama3":
+            hf["rope_scaling"] = {
+                "rope_type": "llama3",
+                "factor": self.rope_factor,
+                "low_freq_factor": self.rope_low_freq_factor,
+                "high_freq_factor": self.rope_high_freq_factor,
+                "original_max_position_embeddings": self.rope_original_max_position_embeddings,
+            }
+        return hf
+
     @classmethod
     def preset(cls, name: str) -> LlamaConfig:
         if name not in LLAMA_PRESETS:

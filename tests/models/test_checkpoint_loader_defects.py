@@ -19,7 +19,6 @@ import torch
 from safetensors.torch import save_file
 
 from tilevox.models.errors import CheckpointError
-from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import load_llama, load_llama_config
 from tilevox.models.llasa.loader import load_preset as load_llasa_preset
 from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
@@ -47,33 +46,6 @@ def _truncate(path, keep: float = 0.6) -> None:
 # ---- Llama / Llasa ---------------------------------------------------------------------------
 
 
-def _llama_config_json(c: LlamaConfig) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "max_position_embeddings": c.max_position_embeddings,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "hidden_act": "silu",
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "torch_dtype": "float32",
-        "use_cache": True,
-        "rope_scaling": {
-            "rope_type": "llama3",
-            "factor": c.rope_factor,
-            "low_freq_factor": c.rope_low_freq_factor,
-            "high_freq_factor": c.rope_high_freq_factor,
-            "original_max_position_embeddings": c.rope_original_max_position_embeddings,
-        },
-    }
-
-
 @pytest.fixture(scope="module")
 def llasa():
     return load_llasa_preset("llama-tiny", device="cpu", dtype=torch.float32, max_streams=1)
@@ -83,7 +55,7 @@ def _write_llasa(model, root, *, shards: int = 1):
     """A Llasa checkpoint folder (Llama config + safetensors, optionally sharded with an index,
     tokenizer.json, xcodec2/ beside it)."""
     root.mkdir(parents=True)
-    (root / "config.json").write_text(json.dumps(_llama_config_json(model.llama.config)))
+    (root / "config.json").write_text(json.dumps(model.llama.config.to_hf_config()))
     state = {k: v.contiguous() for k, v in model.llama.state_dict().items()}
     names = sorted(state)
     if shards == 1:

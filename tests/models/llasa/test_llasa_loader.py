@@ -24,32 +24,7 @@ def _save_llasa_checkpoint(model, root, *, with_codec: bool):
     """Write `model` the way a Llasa release is laid out (HF Llama config + safetensors + tokenizer.json)."""
     root.mkdir(parents=True, exist_ok=True)
     c = model.llama.config
-    (root / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
-                "vocab_size": c.vocab_size,
-                "hidden_size": c.hidden_size,
-                "intermediate_size": c.intermediate_size,
-                "num_hidden_layers": c.num_hidden_layers,
-                "num_attention_heads": c.num_attention_heads,
-                "num_key_value_heads": c.num_key_value_heads,
-                "max_position_embeddings": c.max_position_embeddings,
-                "rms_norm_eps": c.rms_norm_eps,
-                "rope_theta": c.rope_theta,
-                "hidden_act": "silu",
-                "tie_word_embeddings": c.tie_word_embeddings,
-                "rope_scaling": {
-                    "rope_type": "llama3",
-                    "factor": c.rope_factor,
-                    "low_freq_factor": c.rope_low_freq_factor,
-                    "high_freq_factor": c.rope_high_freq_factor,
-                    "original_max_position_embeddings": c.rope_original_max_position_embeddings,
-                },
-            }
-        )
-    )
+    (root / "config.json").write_text(json.dumps(c.to_hf_config()))
     save_file({k: v.contiguous() for k, v in model.llama.state_dict().items()}, str(root / "model.safetensors"))
     model.tokenizer.backend.save(str(root / "tokenizer.json"))
     if with_codec:
