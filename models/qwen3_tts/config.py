@@ -125,6 +125,18 @@ def _positive_ints(obj: Any, names: tuple[str, ...], where: str) -> None:
             raise ValueError(f"{where} {name} must be a positive int, got {value!r}")
 
 
+# The talker's control ids in the codec vocabulary (talker_config keys, TalkerConfig fields)
+CODEC_ID_FIELDS = (
+    "codec_pad_id",
+    "codec_bos_id",
+    "codec_eos_token_id",
+    "codec_think_id",
+    "codec_nothink_id",
+    "codec_think_bos_id",
+    "codec_think_eos_id",
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RopeScaling:
     """`rope_scaling` of a talker / code-predictor config (transformers' parameter names).
@@ -343,15 +355,7 @@ class TalkerConfig:
                 f"talker num_code_groups ({self.num_code_groups}) != code predictor's "
                 f"({self.code_predictor.num_code_groups})"
             )
-        for name in (
-            "codec_pad_id",
-            "codec_bos_id",
-            "codec_eos_token_id",
-            "codec_think_id",
-            "codec_nothink_id",
-            "codec_think_bos_id",
-            "codec_think_eos_id",
-        ):
+        for name in CODEC_ID_FIELDS:
             value = getattr(self, name)
             if not 0 <= value < self.vocab_size:
                 raise ValueError(f"talker {name} {value} is outside the codec vocab [0, {self.vocab_size})")
@@ -495,18 +499,7 @@ class Qwen3TTSConfig:
         if not isinstance(raw_dialects, Mapping):
             raise ValueError(f"talker_config.spk_is_dialect must be an object, got {type(raw_dialects).__name__}")
         dialects = {k.lower(): (v if v not in (False, None) else None) for k, v in raw_dialects.items()}
-        ids = {
-            name: config_int(tc, name, section="talker_config")
-            for name in (
-                "codec_pad_id",
-                "codec_bos_id",
-                "codec_eos_token_id",
-                "codec_think_id",
-                "codec_nothink_id",
-                "codec_think_bos_id",
-                "codec_think_eos_id",
-            )
-        }
+        ids = {name: config_int(tc, name, section="talker_config") for name in CODEC_ID_FIELDS}
         talker = TalkerConfig(
             transformer=TransformerConfig.from_dict(tc, "talker_config", source=source, known=_TALKER_FIELDS),
             code_predictor=predictor,
