@@ -19,6 +19,8 @@ import torch
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.llama.weights import o1_random_llama
+from tilevox.models.llasa.loader import llama_config
+from tilevox.models.llasa.presets import LLASA_PRESETS
 from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.qwen3_tts.loader import preset_config_dict, randomize_network_
@@ -35,15 +37,15 @@ __all__ = [
     "random_talker",
 ]
 
-_LLAMA_1B = LlamaConfig.preset("1b")
-LLAMA_VARIANTS: dict[str, LlamaConfig] = {
-    # The target: Llama-3.2-1B, 128,256-token vocabulary, head tied to the embedding table.
-    "llama-3.2-1b": dataclasses.replace(_LLAMA_1B, vocab_size=128256, tie_word_embeddings=True),
-    # models.llama's "1b" preset: Llama-3.2-1B layers with Llasa-1B's untied 193,800-token head.
-    "llasa-1b": _LLAMA_1B,
-    "tiny": LlamaConfig.preset("tiny"),
-    "tiny-tied": dataclasses.replace(LlamaConfig.preset("tiny"), tie_word_embeddings=True),
-}
+# Llama networks by name: every Llasa preset of models.registry under its own name (llama-1b is Llasa-1B's
+# network, as in synth and serve), plus two shapes that are not served presets, kept for comparison with
+# published megakernel figures: Llama-3.2-1B itself (128,256-token vocabulary, head tied to the embedding
+# table) and the tiny network with a tied head.
+LLAMA_VARIANTS: dict[str, LlamaConfig] = {name: llama_config(name) for name in LLASA_PRESETS}
+LLAMA_VARIANTS["llama-3.2-1b"] = dataclasses.replace(
+    LLAMA_VARIANTS["llama-1b"], vocab_size=128256, tie_word_embeddings=True
+)
+LLAMA_VARIANTS["llama-tiny-tied"] = dataclasses.replace(LLAMA_VARIANTS["llama-tiny"], tie_word_embeddings=True)
 
 
 @torch.no_grad()

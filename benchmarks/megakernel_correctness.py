@@ -5,7 +5,7 @@ to `context - row % 3` positions per stream, then `--steps` greedy steps, each t
 reference's token. Checks per step: logits within atol + rtol * max|ref|; the megakernel token equals
 the reference argmax unless the reference's gap to it is within that bound (a near-tie, counted). Also
 split regions in sequence == one region, and CUDA-graph replay == eager launches (both bitwise).
-CPU smoke: --variant tiny --device cpu --executor vm. Writes JSON to --out and prints a table.
+CPU smoke: --variant llama-tiny --device cpu --executor vm. Writes JSON to --out and prints a table.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ QUICK_BATCHES = (1, 7, 64)
 QUICK_CONTEXTS = (1, 1000)
 # Same tiling as benchmarks/megakernel_h200.py: 64-key attention partitions at least.
 TILING = TilingConfig(min_partition_tokens=64)
-# Measured on CPU (2026-12-02, llasa-1b shapes, O(1) init, batch 2, 3 steps): the conventional bf16
+# Measured on CPU (2026-12-02, llama-1b (Llasa-1B) shapes, O(1) init, batch 2, 3 steps): the conventional bf16
 # PyTorch step is off the fp32 reference by max 0.08-0.09 at max|ref| 4.5-5.7 (1.6-2.0 %).
 DEFAULT_ATOL = 0.02
 DEFAULT_RTOL = 0.03
@@ -556,7 +556,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON output path")
     parser.add_argument("--commit", default="unknown", help="git commit recorded in the JSON")
-    parser.add_argument("--variant", default="llasa-1b", choices=sorted(LLAMA_VARIANTS))
+    parser.add_argument("--variant", default="llama-1b", choices=sorted(LLAMA_VARIANTS))
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--executor", default="cuda", choices=["cuda", "vm"])
     parser.add_argument(

@@ -5,7 +5,7 @@ untied 193,800) and one Qwen3-TTS-0.6B frame (15 predictor steps + talker step),
 row times (CUDA events, medians) the megakernel launched eagerly and replayed from a CUDA graph, and the
 conventional path eagerly, from a CUDA graph and under torch.compile(mode="reduce-overhead"); bytes read
 per step, achieved bandwidth as % of a device-to-device copy measured in the same run, and the targets.
-CPU smoke: --device cpu --executor vm --llama-variants tiny --qwen-preset qwen3-tts-tiny --no-compile.
+CPU smoke: --device cpu --executor vm --llama-variants llama-tiny --qwen-preset qwen3-tts-tiny --no-compile.
 """
 
 from __future__ import annotations
@@ -478,7 +478,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--executor", default="cuda", choices=["cuda", "vm"])
     parser.add_argument("--batches", type=_ints, default=(1, 8, 32))
     parser.add_argument(
-        "--llama-variants", default="llama-3.2-1b,llasa-1b", help=f"comma list of {sorted(LLAMA_VARIANTS)}, or 'none'"
+        "--llama-variants", default="llama-3.2-1b,llama-1b", help=f"comma list of {sorted(LLAMA_VARIANTS)}, or 'none'"
     )
     parser.add_argument("--qwen-preset", default="qwen3-tts-0.6b", help="Qwen3-TTS preset, or 'none'")
     parser.add_argument("--context", type=int, default=512, help="cached tokens per Llama stream")

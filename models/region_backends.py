@@ -1,6 +1,7 @@
 """Hooks through which another executor (the engine builder's megakernel) may run a model's per-step regions.
 
-A model lists the regions it exposes in its class attribute `region_names`; each region has an
+A model lists the regions it exposes in its class attribute `region_names` and names the network each
+one runs in `region_modules()` (a network that implements models.decoder_view); each region has an
 instance attribute `<name>_backend`, None for the conventional PyTorch path. A backend is a callable
 with the same signature and results as the conventional call it replaces (the Protocols below), so
 models stay unaware of what runs it. Imports: torch, models.sampling (model types only for typing).
@@ -31,6 +32,7 @@ __all__ = [
     "PredictorRows",
     "TalkerStepBackend",
     "backend_attribute",
+    "region_module",
     "region_names",
     "set_region_backend",
 ]
@@ -91,6 +93,14 @@ class CodePredictorLoopBackend(Protocol):
 def region_names(model: object) -> tuple[str, ...]:
     """The regions `model` lets another executor run (empty for models without hooks)."""
     return tuple(getattr(type(model), "region_names", ()))
+
+
+def region_module(model: object, name: str) -> torch.nn.Module:
+    """The network that region `name` of `model` runs (what a region compiler compiles)."""
+    names = region_names(model)
+    if name not in names:
+        raise ValueError(f"{type(model).__name__} has no region {name!r}; its regions: {', '.join(names) or '(none)'}")
+    return model.region_modules()[name]
 
 
 def backend_attribute(name: str) -> str:

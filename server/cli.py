@@ -29,11 +29,11 @@ class CommandError(Exception):
 
 
 def _presets_epilog() -> str:
-    from tilevox.models.registry import PRESETS
+    from tilevox.models.registry import presets
 
     return (
         "models: a checkpoint directory, or random:<preset> with seeded random weights (noise), presets: "
-        + ", ".join(PRESETS)
+        + ", ".join(presets())
         + ". List a model's voices with `tilevox voices --model M`."
     )
 
@@ -51,24 +51,35 @@ def _add_synth(subparsers) -> None:
     p.add_argument("--max-duration", type=float, default=30.0, help="seconds of audio at most")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_model_options(p)
+    p.set_defaults(handler=_run_synth)
+
+
+def _add_model_options(p) -> None:
+    """How the model is loaded and run: options shared by synth and serve."""
+    from tilevox.models.region_backends import LLASA_REGIONS, QWEN3_TTS_REGIONS
+
     p.add_argument(
         "--fused-swiglu",
         default="auto",
         choices=["auto", "on", "off"],
         help="fused CUTLASS SwiGLU MLPs: auto = per shape and token count where measured faster on this GPU (Hopper, bf16), else the PyTorch path",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_megakernel_args(p)
-    p.set_defaults(handler=_run_synth)
-
-
-def _add_megakernel_args(p) -> None:
+    p.add_argument(
+        "--decode-mode",
+        default=None,
+        choices=["exact", "official-chunked"],
+        help="Qwen3-TTS codec decode of audio longer than 300 frames (24 s): exact (default) decodes every frame "
+        "with its whole left context; official-chunked reproduces the official package's 300-frame chunks with "
+        "25 frames of overlap (its output, sample for sample)",
+    )
     p.add_argument(
         "--megakernel",
         default="none",
         metavar="REGIONS",
         help="regions run by the persistent megakernel: a comma list of the model's regions "
-        "(Llasa: decoder_step; Qwen3-TTS: talker_step, code_predictor_loop), all, or none; "
+        f"(Llasa: {', '.join(LLASA_REGIONS)}; Qwen3-TTS: {', '.join(QWEN3_TTS_REGIONS)}), all, or none; "
         "a region that cannot run there stays on the PyTorch path with a logged reason",
     )
     p.add_argument(
@@ -77,6 +88,10 @@ def _add_megakernel_args(p) -> None:
         choices=["cuda", "vm"],
         help="cuda: the CUDA kernel (Hopper); vm: its pure-PyTorch interpreter (slow; for checking)",
     )
+
+
+def _decode_mode(args: argparse.Namespace) -> str | None:
+    return None if args.decode_mode is None else args.decode_mode.replace("-", "_")
 
 
 def _megakernel_asked(args: argparse.Namespace) -> bool:
@@ -129,7 +144,13 @@ def _run_synth(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_duration_s=args.max_duration,
     )
-    model = load_model(args.model, device=args.device, dtype=dtype, fused_swiglu=_fused_swiglu_mode(args))
+    model = load_model(
+        args.model,
+        device=args.device,
+        dtype=dtype,
+        fused_swiglu=_fused_swiglu_mode(args),
+        decode_mode=_decode_mode(args),
+    )
     if model.is_random:
         print(f"warning: {args.model} has {RANDOM_WEIGHTS_NOTE}", file=sys.stderr)
     _install_megakernel(model, args)
@@ -191,13 +212,7 @@ def _add_serve(subparsers) -> None:
     p.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds active streams get to finish after SIGTERM"
     )
-    p.add_argument(
-        "--fused-swiglu",
-        default="auto",
-        choices=["auto", "on", "off"],
-        help="fused CUTLASS SwiGLU MLPs: auto = per shape and token count where measured faster on this GPU (Hopper, bf16), else the PyTorch path",
-    )
-    _add_megakernel_args(p)
+    _add_model_options(p)
     p.set_defaults(handler=_run_serve)
 
 
@@ -271,7 +286,13 @@ def _run_serve(args: argparse.Namespace) -> int:
             args.http_port,
             args.grpc_port,
         )
-    model = load_model(model_spec, device=device, dtype=parse_dtype(dtype_name), fused_swiglu=_fused_swiglu_mode(args))
+    model = load_model(
+        model_spec,
+        device=device,
+        dtype=parse_dtype(dtype_name),
+        fused_swiglu=_fused_swiglu_mode(args),
+        decode_mode=_decode_mode(args),
+    )
     if model.is_random:
         print(f"warning: {model_spec} has {RANDOM_WEIGHTS_NOTE}", file=sys.stderr)
     _install_megakernel(model, args)

@@ -22,7 +22,7 @@ timeout 100 python3 -m pytest -q -m gpu tests/trt_plugins/megakernel tests/engin
 tail -4 "$OUT/gpu_tests.log"
 # B: Llama-3.2-1B and Llasa-1B decode steps, Qwen3-TTS-0.6B frames, batches 1 8 32; torch.compile at batch 1
 # only, last (on 2026-12-02 the Qwen frame's compile did not finish inside this timeout).
-timeout 270 python3 -m benchmarks.megakernel_h200 --commit "$COMMIT" --llama-variants llama-3.2-1b,llasa-1b \
+timeout 270 python3 -m benchmarks.megakernel_h200 --commit "$COMMIT" --llama-variants llama-3.2-1b,llama-1b \
   --compile-batches 1 --out "$OUT/megakernel_h200.json" > "$OUT/bench.log" 2>&1
 grep -v "^ \|^V1\|^I1\|^W1" "$OUT/bench.log" | tail -14
 # A: Llasa-1B shapes (193,800-token untied head), batches 1 2 7 32 64 x contexts 1 100 1000 4000, 64 greedy

@@ -27,7 +27,7 @@ import torch
 from tilevox.engine_builder.regions.adapters import DecoderView, decoder_view
 from tilevox.engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs
 from tilevox.engine_builder.regions.compiler import CompiledRegion, compile_region
-from tilevox.engine_builder.regions.spec import RegionSpec, TilingConfig
+from tilevox.engine_builder.regions.spec import RegionSpec, TilingConfig, region_spec
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.qwen3_tts.code_predictor import CodePredictor
 from tilevox.models.qwen3_tts.layers import CacheView, KVCache
@@ -37,6 +37,7 @@ from tilevox.models.region_backends import (
     DECODER_STEP,
     TALKER_STEP,
     PredictorRows,
+    region_module,
     region_names,
     set_region_backend,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "MegakernelDecoderStep",
     "MegakernelTalkerStep",
     "MegakernelUnavailable",
+    "BACKENDS",
     "install_megakernel_regions",
     "make_backend",
     "parse_regions",
@@ -276,7 +278,7 @@ class MegakernelDecoderStep(_Backend):
             self._cache = cache
             self._runner = _RegionRunner(
                 self.llama,
-                RegionSpec.full_step(1),
+                region_spec(DECODER_STEP),
                 device=self.llama.device,
                 options=self.options,
                 compile_args={
@@ -322,7 +324,7 @@ class MegakernelTalkerStep(_Backend):
 
     def __init__(self, talker: Talker, options: BackendOptions = BackendOptions()) -> None:
         super().__init__(options)
-        device = talker.codec_head.weight.device
+        device = next(talker.parameters()).device
         if options.executor is Executor.CUDA:
             _check_cuda(device)
         _checked_view(talker)
@@ -335,7 +337,7 @@ class MegakernelTalkerStep(_Backend):
             self._cache = cache
             self._runner = _RegionRunner(
                 self.talker,
-                RegionSpec(lm_head=True),
+                region_spec(TALKER_STEP),
                 device=self.device,
                 options=self.options,
                 compile_args={
@@ -381,13 +383,13 @@ class MegakernelCodePredictorLoop(_Backend):
 
     def __init__(self, predictor: CodePredictor, options: BackendOptions = BackendOptions()) -> None:
         super().__init__(options)
-        device = predictor.lm_head[0].weight.device
+        device = next(predictor.parameters()).device
         if options.executor is Executor.CUDA:
             _check_cuda(device)
         _checked_view(predictor)
         self.predictor, self.device = predictor, device
         self._runner = _RegionRunner(
-            predictor, RegionSpec.code_predictor_loop(), device=device, options=options, compile_args={}
+            predictor, region_spec(CODE_PREDICTOR_LOOP), device=device, options=options, compile_args={}
         )
         self._caches: dict[int, KVCache] = {}  # per batch size: every position is written before it is read
 
@@ -420,20 +422,22 @@ class MegakernelCodePredictorLoop(_Backend):
         return torch.stack([out[f"s{head + 1}.tokens"] for head in range(self.predictor.num_steps)], dim=1)
 
 
-def make_backend(model: object, name: str, options: BackendOptions = BackendOptions()) -> _Backend:
-    """The megakernel backend for region `name` of `model`; raises MegakernelUnavailable."""
-    from tilevox.models.llasa.model import LlasaModel
-    from tilevox.models.qwen3_tts.model import Qwen3TTSSpeechModel
+# Region name (models.region_backends) -> the backend class that runs it; each takes the region's network.
+BACKENDS: dict[str, type[_Backend]] = {
+    DECODER_STEP: MegakernelDecoderStep,
+    TALKER_STEP: MegakernelTalkerStep,
+    CODE_PREDICTOR_LOOP: MegakernelCodePredictorLoop,
+}
 
+
+def make_backend(model: object, name: str, options: BackendOptions = BackendOptions()) -> _Backend:
+    """The megakernel backend for region `name` of `model` (the network its region_modules() names);
+    raises MegakernelUnavailable."""
     if name not in region_names(model):
         raise ValueError(f"{type(model).__name__} has no region {name!r}")
-    if isinstance(model, LlasaModel) and name == DECODER_STEP:
-        return MegakernelDecoderStep(model.llama, options)
-    if isinstance(model, Qwen3TTSSpeechModel) and name == TALKER_STEP:
-        return MegakernelTalkerStep(model.talker, options)
-    if isinstance(model, Qwen3TTSSpeechModel) and name == CODE_PREDICTOR_LOOP:
-        return MegakernelCodePredictorLoop(model.talker.code_predictor, options)
-    raise MegakernelUnavailable(f"no megakernel backend for region {name!r} of {type(model).__name__}")
+    if name not in BACKENDS:
+        raise MegakernelUnavailable(f"no megakernel backend for region {name!r}")
+    return BACKENDS[name](region_module(model, name), options)
 
 
 def parse_regions(model: object, text: str) -> tuple[str, ...]:

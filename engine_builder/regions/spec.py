@@ -2,7 +2,7 @@
 
 `RegionSpec` names a contiguous range of a model's per-step ops; `TilingConfig` sets tile sizes
 (the granularity of instructions and therefore of dependencies). Both are frozen and validated.
-Imports: stdlib only.
+Imports: stdlib, models.region_backends (the region names).
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["RegionKind", "RegionSpec", "TilingConfig"]
+from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, TALKER_STEP
+
+__all__ = ["RegionKind", "RegionSpec", "TilingConfig", "region_spec"]
 
 
 class RegionKind(enum.Enum):
@@ -73,6 +75,18 @@ class RegionSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "kind": self.kind.value}
+
+
+def region_spec(name: str) -> RegionSpec:
+    """The compiled form of a model region named in models.region_backends (the names every CLI uses)."""
+    specs = {
+        DECODER_STEP: RegionSpec.full_step(1),
+        TALKER_STEP: RegionSpec(lm_head=True),
+        CODE_PREDICTOR_LOOP: RegionSpec.code_predictor_loop(),
+    }
+    if name not in specs:
+        raise ValueError(f"no region named {name!r}; regions: {', '.join(specs)}")
+    return specs[name]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

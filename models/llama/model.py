@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from tilevox.models.decoder_view import DecoderView, LayerWeights, ModelFamily
 from tilevox.models.layers import GatedMLP, RMSNorm
 from tilevox.models.llama.config import LlamaConfig
 
@@ -230,6 +231,43 @@ class LlamaForCausalLM(nn.Module):
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def decoder_view(self) -> DecoderView:
+        """The weights a region compiler reads (models.decoder_view); no copies."""
+        c = self.config
+        if c.attention_bias or c.mlp_bias:
+            raise ValueError("Llama regions do not support attention_bias / mlp_bias")
+        layers = tuple(
+            LayerWeights(
+                ln1=layer.input_layernorm.weight,
+                w_q=layer.self_attn.q_proj.weight,
+                w_k=layer.self_attn.k_proj.weight,
+                w_v=layer.self_attn.v_proj.weight,
+                qk_norm=None,
+                w_o=layer.self_attn.o_proj.weight,
+                ln2=layer.post_attention_layernorm.weight,
+                w_gate=layer.mlp.gate_proj.weight,
+                w_up=layer.mlp.up_proj.weight,
+                w_down=layer.mlp.down_proj.weight,
+            )
+            for layer in self.model.layers
+        )
+        return DecoderView(
+            family=ModelFamily.LLAMA,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_heads=c.num_attention_heads,
+            num_kv_heads=c.num_key_value_heads,
+            head_dim=c.resolved_head_dim,
+            rms_norm_eps=c.rms_norm_eps,
+            inv_freq=rope_inv_freq(c),
+            layers=layers,
+            final_norm=self.model.norm.weight,
+            embed_tables=(self.model.embed_tokens.weight,),
+            heads=(self.lm_head.weight,),
+            projection=None,
+            input_size=c.hidden_size,
+        )
 
     @property
     def device(self) -> torch.device:

@@ -12,7 +12,6 @@ only when there is no subfolder); without either, loading raises CheckpointError
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,53 +19,49 @@ import torch
 from tilevox.models.errors import CheckpointError
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import load_llama, load_llama_config, random_llama
-from tilevox.models.llasa.model import LlasaModel
+from tilevox.models.llasa.model import LlasaModel, llasa_region_modules
+from tilevox.models.llasa.presets import DEFAULT_MAX_STREAMS, LLASA_MAX_SEQ_LEN, LLASA_PRESETS, LlasaPreset
 from tilevox.models.llasa.tokenizer import LlasaTokenizer, build_random_tokenizer
 from tilevox.models.xcodec2.config import XCodec2Config
 from tilevox.models.xcodec2.weights import load_xcodec2_decoder, random_xcodec2_decoder
 
-__all__ = ["LLASA_PRESETS", "XCODEC2_DIR_ENV", "load_checkpoint", "load_preset", "resolve_xcodec2_dir"]
+__all__ = [
+    "LLASA_PRESETS",
+    "XCODEC2_DIR_ENV",
+    "llama_config",
+    "load_checkpoint",
+    "load_preset",
+    "meta_regions",
+    "resolve_xcodec2_dir",
+]
 
 XCODEC2_DIR_ENV = "TILEVOX_XCODEC2_DIR"
 XCODEC2_SUBDIR = "xcodec2"
-# Llasa was trained on sequences of at most 2048 tokens (prompt + speech), as its model card says.
-LLASA_MAX_SEQ_LEN = 2048
-DEFAULT_MAX_STREAMS = 16
 _LLAMA_SEED = 0
 _CODEC_SEED = 1
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LlasaPreset:
-    llama: str  # LLAMA_PRESETS key
-    codec: str  # XCodec2Config preset
-    max_streams: int
-    max_seq_len: int
-    vocab_size: int | None  # None: exactly the random tokenizer's vocabulary
-    num_speech_tokens: int | None  # None: the whole XCodec2 code book (65,536)
+def _preset(preset_name: str) -> LlasaPreset:
+    if preset_name not in LLASA_PRESETS:
+        raise ValueError(f"unknown Llasa preset {preset_name!r}; known: {', '.join(LLASA_PRESETS)}")
+    return LLASA_PRESETS[preset_name]
 
 
-LLASA_PRESETS: dict[str, LlasaPreset] = {
-    # 4,096 of the 65,536 codes keep the tiny vocabulary (and so sampling) small.
-    "llama-tiny": LlasaPreset(
-        llama="tiny",
-        codec="tiny",
-        max_streams=8,
-        max_seq_len=LLASA_MAX_SEQ_LEN,
-        vocab_size=None,
-        num_speech_tokens=4096,
-    ),
-    # Real sizes: 128256 Llama + 8 markers + 65536 speech tokens. The random tokenizer uses only its
-    # first 65,805 ids; the rest are masked out like any non-speech token.
-    "llama-1b": LlasaPreset(
-        llama="1b",
-        codec="full",
-        max_streams=DEFAULT_MAX_STREAMS,
-        max_seq_len=LLASA_MAX_SEQ_LEN,
-        vocab_size=193800,
-        num_speech_tokens=None,
-    ),
-}
+def llama_config(preset_name: str) -> LlamaConfig:
+    """The Llama network of a preset: its LLAMA_PRESETS shapes with the preset's vocabulary."""
+    preset = _preset(preset_name)
+    vocab_size = preset.vocab_size
+    if vocab_size is None:
+        vocab_size = build_random_tokenizer(
+            preset.num_speech_tokens or XCodec2Config.preset(preset.codec).codebook_size
+        ).vocab_size
+    return LlamaConfig.preset(preset.llama).with_vocab_size(vocab_size)
+
+
+def meta_regions(preset_name: str, *, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
+    """A preset's region networks with shapes only (meta device, no weights, no codec): what a region
+    compiler needs to plan a full-size model on a machine without its memory."""
+    return llasa_region_modules(random_llama(llama_config(preset_name), seed=_LLAMA_SEED, device="meta", dtype=dtype))
 
 
 def load_preset(
@@ -78,15 +73,12 @@ def load_preset(
     max_seq_len: int | None = None,
 ) -> LlasaModel:
     """A seeded random-weight Llasa (its audio is noise); weights are allocated on `device` directly."""
-    if preset_name not in LLASA_PRESETS:
-        raise ValueError(f"unknown Llasa preset {preset_name!r}; known: {', '.join(LLASA_PRESETS)}")
-    preset = LLASA_PRESETS[preset_name]
+    preset = _preset(preset_name)
     device = torch.device(device)
     codec = random_xcodec2_decoder(XCodec2Config.preset(preset.codec), seed=_CODEC_SEED, device=device, dtype=dtype)
     tokenizer = build_random_tokenizer(preset.num_speech_tokens or codec.config.codebook_size)
-    vocab_size = preset.vocab_size if preset.vocab_size is not None else tokenizer.vocab_size
-    assert vocab_size >= tokenizer.vocab_size, f"preset {preset_name}: vocabulary smaller than its tokenizer's"
-    config = LlamaConfig.preset(preset.llama).with_vocab_size(vocab_size)
+    config = llama_config(preset_name)
+    assert config.vocab_size >= tokenizer.vocab_size, f"preset {preset_name}: vocabulary smaller than its tokenizer's"
     llama = random_llama(config, seed=_LLAMA_SEED, device=device, dtype=dtype)
     return LlasaModel(
         llama=llama,

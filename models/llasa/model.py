@@ -19,13 +19,13 @@ import torch
 from tilevox.models.errors import RequestError
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.llasa.tokenizer import LlasaTokenizer
-from tilevox.models.region_backends import LLASA_REGIONS, DecoderStepBackend
+from tilevox.models.region_backends import DECODER_STEP, LLASA_REGIONS, DecoderStepBackend
 from tilevox.models.sampling import SamplingParams, make_generator, sample_tokens
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 from tilevox.models.xcodec2.model import XCodec2Decoder
 from tilevox.models.xcodec2.streaming import XCodec2StreamDecoder
 
-__all__ = ["DEFAULT_VOICE", "LlasaModel", "StreamCapacityError"]
+__all__ = ["DEFAULT_VOICE", "LlasaModel", "StreamCapacityError", "llasa_region_modules"]
 
 DEFAULT_VOICE = "default"
 
@@ -46,6 +46,11 @@ class _Stream:
     codec: XCodec2StreamDecoder
 
 
+def llasa_region_modules(llama: LlamaForCausalLM) -> dict[str, torch.nn.Module]:
+    """Llasa's regions and the network each one runs (models.region_backends)."""
+    return {DECODER_STEP: llama}
+
+
 class LlasaModel(SpeechModel):
     """Llasa text-to-speech over a batched Llama KV cache and per-stream XCodec2 streaming decoders.
 
@@ -63,6 +68,9 @@ class LlasaModel(SpeechModel):
 
     # Regions another executor may run (models.region_backends): the per-step batched decode.
     region_names = LLASA_REGIONS
+
+    def region_modules(self) -> dict[str, torch.nn.Module]:
+        return llasa_region_modules(self.llama)
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from tilevox.models.decoder_view import DecoderView, ModelFamily
 from tilevox.models.qwen3_tts.config import TalkerConfig
 from tilevox.models.qwen3_tts.layers import CacheView, DecoderStack, KVCache
 
@@ -44,6 +45,28 @@ class CodePredictor(nn.Module):
             self.small_to_mtp_projection = nn.Linear(config.transformer.hidden_size, pc.transformer.hidden_size)
         else:
             self.small_to_mtp_projection = None
+
+    def decoder_view(self) -> DecoderView:
+        """The weights a region compiler reads (models.decoder_view): layers, Q-1 tables and heads, and
+        the optional talker-to-predictor input projection."""
+        c = self.config.code_predictor.transformer
+        proj = self.small_to_mtp_projection
+        return DecoderView(
+            family=ModelFamily.QWEN3_TTS_CODE_PREDICTOR,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_heads=c.num_heads,
+            num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            rms_norm_eps=c.rms_norm_eps,
+            inv_freq=self.model.region_inv_freq(),
+            layers=self.model.layer_weights(),
+            final_norm=self.model.norm.weight,
+            embed_tables=tuple(t.weight for t in self.model.codec_embedding),
+            heads=tuple(h.weight for h in self.lm_head),
+            projection=None if proj is None else (proj.weight, proj.bias),
+            input_size=self.config.transformer.hidden_size,
+        )
 
     @property
     def num_steps(self) -> int:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tilevox.models.decoder_view import LayerWeights
 from tilevox.models.layers import GatedMLP, RMSNorm
 from tilevox.models.qwen3_tts.config import TransformerConfig
 
@@ -217,6 +218,38 @@ class DecoderStack(nn.Module):
         # RoPE frequencies with rope_scaling applied (fp32, CPU; a plain attribute, so .to(dtype) keeps it fp32).
         self._scaled_rope = None if config.rope_scaling.rope_type == "default" else rope_inv_freq(config, "cpu")
         self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
+
+    def layer_weights(self) -> tuple[LayerWeights, ...]:
+        """Each layer's weights by role (models.decoder_view), for a region compiler; no copies."""
+        out = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            out.append(
+                LayerWeights(
+                    ln1=layer.input_layernorm.weight,
+                    w_q=attn.q_proj.weight,
+                    w_k=attn.k_proj.weight,
+                    w_v=attn.v_proj.weight,
+                    qk_norm=torch.stack((attn.q_norm.weight, attn.k_norm.weight)).detach(),
+                    w_o=attn.o_proj.weight,
+                    ln2=layer.post_attention_layernorm.weight,
+                    w_gate=mlp.gate_proj.weight,
+                    w_up=mlp.up_proj.weight,
+                    w_down=mlp.down_proj.weight,
+                )
+            )
+        return tuple(out)
+
+    def region_inv_freq(self) -> torch.Tensor:
+        """The stack's RoPE frequencies as forward computes them (rope_scaling included). A region's RoPE
+        applies no attention scaling to cos/sin, so a scaling that needs one (yarn) is refused."""
+        inv_freq, attention_scaling = rope_inv_freq(self.config)
+        if attention_scaling != 1.0:
+            raise ValueError(
+                f"rope_scaling {self.config.rope_scaling.rope_type!r} scales cos/sin by {attention_scaling:.4f}; "
+                "the megakernel's RoPE has no such factor"
+            )
+        return inv_freq
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._scaled_rope is None:

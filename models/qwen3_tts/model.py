@@ -25,11 +25,26 @@ from tilevox.models.qwen3_tts.layers import CacheView, KVCache
 from tilevox.models.qwen3_tts.prompt import PromptSpec, TextLayout, build_layout, embed_layout
 from tilevox.models.qwen3_tts.talker import Talker
 from tilevox.models.qwen3_tts.tokenizer import TextTokenizer
-from tilevox.models.region_backends import QWEN3_TTS_REGIONS, CodePredictorLoopBackend, PredictorRows, TalkerStepBackend
+from tilevox.models.region_backends import (
+    CODE_PREDICTOR_LOOP,
+    QWEN3_TTS_REGIONS,
+    TALKER_STEP,
+    CodePredictorLoopBackend,
+    PredictorRows,
+    TalkerStepBackend,
+)
 from tilevox.models.sampling import SamplingParams, make_generator, sample_tokens
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 
-__all__ = ["DECODE_MODES", "FrameObserver", "LogitObserver", "ModelOptions", "Qwen3TTSNetwork", "Qwen3TTSSpeechModel"]
+__all__ = [
+    "DECODE_MODES",
+    "FrameObserver",
+    "LogitObserver",
+    "ModelOptions",
+    "Qwen3TTSNetwork",
+    "Qwen3TTSSpeechModel",
+    "qwen3_tts_region_modules",
+]
 
 DECODE_MODES = ("exact", "official_chunked")
 
@@ -89,10 +104,18 @@ class _Stream:
     num_steps: int = 0
 
 
+def qwen3_tts_region_modules(talker: Talker) -> dict[str, nn.Module]:
+    """Qwen3-TTS's regions and the network each one runs (models.region_backends)."""
+    return {TALKER_STEP: talker, CODE_PREDICTOR_LOOP: talker.code_predictor}
+
+
 class Qwen3TTSSpeechModel(SpeechModel):
     # Regions another executor may run (models.region_backends): the talker decode step with its codec
     # head, and the whole code-predictor loop of a frame.
     region_names = QWEN3_TTS_REGIONS
+
+    def region_modules(self) -> dict[str, nn.Module]:
+        return qwen3_tts_region_modules(self.talker)
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tilevox.models.decoder_view import DecoderView, ModelFamily
 from tilevox.models.qwen3_tts.code_predictor import CodePredictor
 from tilevox.models.qwen3_tts.config import TalkerConfig
 from tilevox.models.qwen3_tts.layers import CacheView, DecoderStack, KVCache
@@ -49,6 +50,26 @@ class Talker(nn.Module):
         self.text_projection = TextProjection(config)
         self.codec_head = nn.Linear(config.transformer.hidden_size, config.vocab_size, bias=False)
         self.code_predictor = CodePredictor(config)
+
+    def decoder_view(self) -> DecoderView:
+        """The weights a region compiler reads (models.decoder_view): layers, final norm, codec head."""
+        c = self.config.transformer
+        return DecoderView(
+            family=ModelFamily.QWEN3_TTS_TALKER,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_heads=c.num_heads,
+            num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            rms_norm_eps=c.rms_norm_eps,
+            inv_freq=self.model.region_inv_freq(),
+            layers=self.model.layer_weights(),
+            final_norm=self.model.norm.weight,
+            embed_tables=(),
+            heads=(self.codec_head.weight,),
+            projection=None,
+            input_size=c.hidden_size,
+        )
 
     def new_cache(self, *, num_slots: int, max_len: int) -> KVCache:
         param = self.codec_head.weight

@@ -13,13 +13,24 @@ from tilevox.engine_builder.regions.__main__ import main
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--model", "llama-tiny", "--region", "full_step", "--batch", "3", "--max-context", "300"],
-        ["--model", "llama-tiny", "--region", "layers:1-2", "--batch", "2", "--max-context", "64"],
+        ["--model", "llama-tiny", "--region", "decoder_step", "--batch", "3", "--max-context", "300"],
+        [
+            "--model",
+            "random:llama-tiny",
+            "--region",
+            "decoder_step",
+            "--layers",
+            "1-2",
+            "--batch",
+            "2",
+            "--max-context",
+            "64",
+        ],
         [
             "--model",
             "qwen3-tts-tiny",
             "--region",
-            "predictor_loop",
+            "code_predictor_loop",
             "--batch",
             "2",
             "--policy",
@@ -40,7 +51,20 @@ def test_cli_writes_a_tile_graph(argv, tmp_path, capsys):
 
 
 def test_cli_rejects_unknown_names():
-    with pytest.raises(ValueError, match="unknown model"):
-        main(["--model", "gpt-2", "--region", "full_step"])
+    with pytest.raises(ValueError, match="unknown preset"):
+        main(["--model", "gpt-2", "--region", "decoder_step"])
     with pytest.raises(ValueError, match="does not apply"):
-        main(["--model", "llama-tiny", "--region", "predictor_loop", "--max-context", "8"])
+        main(["--model", "llama-tiny", "--region", "code_predictor_loop", "--max-context", "8"])
+    with pytest.raises(ValueError, match="compiled whole"):
+        main(["--model", "qwen3-tts-tiny", "--region", "code_predictor_loop", "--layers", "0-1"])
+    with pytest.raises(ValueError, match="FIRST-STOP"):
+        main(["--model", "llama-tiny", "--region", "decoder_step", "--layers", "1:2"])
+
+
+def test_llama_1b_means_the_llasa_network_here_too(capsys):
+    """The preset llama-1b is Llasa-1B everywhere: its decoder_step region has Llasa's 193,800-token head."""
+    main(["--model", "llama-1b", "--region", "decoder_step", "--layers", "0-1", "--max-context", "64"])
+    from tilevox.models.registry import meta_regions
+
+    network = meta_regions("llama-1b")["decoder_step"]
+    assert network.decoder_view().heads[0].shape[0] == 193800

@@ -23,6 +23,26 @@ def test_synth_writes_wav(tmp_path, capsys, preset, rate):
     assert sample_rate == rate and audio.size > 0
 
 
+def test_synth_decode_mode_reaches_the_model(tmp_path, monkeypatch):
+    """--decode-mode official-chunked loads Qwen3-TTS with the official package's chunked codec decode."""
+    from tilevox.models import registry
+
+    loaded = []
+    real_load = registry.load_model
+
+    def spy(*args, **kwargs):
+        loaded.append(real_load(*args, **kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(registry, "load_model", spy)
+    out = tmp_path / "x.wav"
+    argv = ["synth", "--model", "random:qwen3-tts-tiny", "--text", "Hi", "--out", str(out), "--max-duration", "0.5"]
+    assert main([*argv, "--decode-mode", "official-chunked", "--quiet"]) == 0
+    assert loaded[-1].options.decode_mode == "official_chunked"
+    assert main([*argv, "--quiet"]) == 0
+    assert loaded[-1].options.decode_mode == "exact"
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -30,6 +50,7 @@ def test_synth_writes_wav(tmp_path, capsys, preset, rate):
         (["--model", "random:no-such-model", "--text", "hi"], "unknown preset"),
         (["--model", "/nonexistent/dir", "--text", "hi"], "unknown model"),
         (["--model", "random:llama-tiny", "--text", "hi", "--voice", "nobody"], "voice"),
+        (["--model", "random:llama-tiny", "--text", "hi", "--decode-mode", "official-chunked"], "no decode_mode"),
     ],
 )
 def test_synth_bad_input_is_one_line(tmp_path, args, message):

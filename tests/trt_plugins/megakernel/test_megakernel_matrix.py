@@ -32,7 +32,7 @@ def bench():
 
 VM_ARGS = [
     "--variant",
-    "tiny",
+    "llama-tiny",
     "--device",
     "cpu",
     "--executor",
@@ -147,7 +147,7 @@ def test_benchmark_smoke_on_cpu_with_the_vm(bench, tmp_path):
         "--executor",
         "vm",
         "--llama-variants",
-        "tiny,tiny-tied",
+        "llama-tiny,llama-tiny-tied",
         "--qwen-preset",
         "qwen3-tts-tiny",
         "--batches",
@@ -171,7 +171,7 @@ def test_benchmark_smoke_on_cpu_with_the_vm(bench, tmp_path):
     report = json.loads(out.read_text())
     assert {"device", "date_utc", "commit", "torch_version", "copy_bandwidth_gbs"} <= set(report)
     rows = {(r["variant"], r["batch"]): r for r in report["rows"]}
-    assert set(rows) == {(v, b) for v in ("tiny", "tiny-tied", "qwen3-tts-tiny") for b in (1, 2)}
+    assert set(rows) == {(v, b) for v in ("llama-tiny", "llama-tiny-tied", "qwen3-tts-tiny") for b in (1, 2)}
     for (variant, batch), row in rows.items():
         assert row["megakernel_eager"]["ms"] > 0 and row["conventional_eager"]["ms"] > 0
         assert "CUDA" in row["conventional_graph"]["skipped"]
@@ -180,7 +180,7 @@ def test_benchmark_smoke_on_cpu_with_the_vm(bench, tmp_path):
             assert compiled["ms"] > 0 and compiled["graph_breaks"] == 0, compiled
         else:
             assert "--compile-batches" in compiled["skipped"]
-        if variant.startswith("tiny"):
+        if variant.startswith("llama-tiny"):
             agreement = row["agreement_one_step"]
             assert agreement["max_abs_logit_diff"] < 0.1 * agreement["max_abs_logit"]
         else:
@@ -188,7 +188,7 @@ def test_benchmark_smoke_on_cpu_with_the_vm(bench, tmp_path):
 
     from benchmarks.megakernel_conventional import LLAMA_VARIANTS, o1_random_llama, random_talker
 
-    for variant in ("tiny", "tiny-tied"):
+    for variant in ("llama-tiny", "llama-tiny-tied"):
         model = o1_random_llama(LLAMA_VARIANTS[variant], seed=0, device="cpu", dtype=torch.bfloat16)
         b = rows[(variant, 2)]["bytes"]
         assert b["weight_bytes"] == _independent_llama_bytes(model)
@@ -225,7 +225,7 @@ def test_benchmark_records_a_megakernel_error_and_goes_on(bench, tmp_path, monke
         "--executor",
         "vm",
         "--llama-variants",
-        "tiny",
+        "llama-tiny",
         "--qwen-preset",
         "none",
         "--batches",
@@ -292,7 +292,7 @@ def test_benchmark_smoke_on_the_gpu(bench, tmp_path):
         bench.main(
             [
                 "--llama-variants",
-                "tiny-tied",
+                "llama-tiny-tied",
                 "--qwen-preset",
                 "qwen3-tts-tiny",
                 "--batches",

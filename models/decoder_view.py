@@ -1,0 +1,68 @@
+"""The flat weight view through which a model hands a decoder network to a region compiler.
+
+Each decoder network that a region can run (models.llama's LlamaForCausalLM, models.qwen3_tts' Talker
+and CodePredictor) implements `decoder_view()`, returning a `DecoderView`: per-layer weights named by
+role (the tensors themselves, no copies), RoPE inverse frequencies computed exactly as the network
+computes them, and its embedding tables and heads. The compiler reads this view and never the
+network's own attributes. Imports: torch only.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DecoderView", "LayerWeights", "ModelFamily"]
+
+
+class ModelFamily(enum.Enum):
+    """How a region's inputs and outputs attach to the layers (the compiler's only model distinction)."""
+
+    LLAMA = "llama"  # token in (one embedding table), logits out (one head)
+    QWEN3_TTS_TALKER = "qwen3_tts_talker"  # summed embeddings in, final-norm hidden and codec logits out
+    QWEN3_TTS_CODE_PREDICTOR = "qwen3_tts_code_predictor"  # Q-1 heads, each code embedded for the next
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerWeights:
+    ln1: torch.Tensor  # (hidden,)
+    w_q: torch.Tensor  # (H * D, hidden)
+    w_k: torch.Tensor  # (Hkv * D, hidden)
+    w_v: torch.Tensor  # (Hkv * D, hidden)
+    qk_norm: torch.Tensor | None  # (2, D): rows q_norm, k_norm (Qwen3) or None (Llama)
+    w_o: torch.Tensor  # (hidden, H * D)
+    ln2: torch.Tensor  # (hidden,)
+    w_gate: torch.Tensor  # (I, hidden)
+    w_up: torch.Tensor  # (I, hidden)
+    w_down: torch.Tensor  # (hidden, I)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecoderView:
+    family: ModelFamily
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    inv_freq: torch.Tensor  # (D/2,) fp32
+    layers: tuple[LayerWeights, ...]
+    final_norm: torch.Tensor  # (hidden,)
+    # LLAMA: one table and one head. TALKER: no input table (inputs are summed embeddings), codec head.
+    # CODE_PREDICTOR: Q-1 tables and Q-1 heads (head j, then table j embeds its code), an optional
+    # input projection talker width -> predictor width.
+    embed_tables: tuple[torch.Tensor, ...]
+    heads: tuple[torch.Tensor, ...]
+    projection: tuple[torch.Tensor, torch.Tensor] | None  # (weight (Hp, Ht), bias (Hp,))
+    input_size: int  # width of the embeddings / hidden fed to the region (talker width for the predictor)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.final_norm.dtype
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
