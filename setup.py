@@ -14,7 +14,7 @@ checks that a built wheel carries every such file of the source tree.
 
 from setuptools import find_namespace_packages, setup
 
-DESIGN_FOLDERS = ("trt_plugins", "models", "engine_builder", "server")
+DESIGN_FOLDERS = ("trt_plugins", "models", "executor", "engine_builder", "server")
 # Local build output (trt_plugins/build/) and caches are not packages.
 NOT_PACKAGES = ["build", "build.*", "*.build", "*.build.*", "__pycache__", "*.__pycache__"]
 DATA_FILES = ["*.cu", "*.cuh", "*.h", "*.hpp", "*.cpp", "*.inc", "*.json", "*.map", "*.proto", "LICENSE"]

@@ -111,6 +111,13 @@ def main() -> int:
     parser.add_argument("--levels", default="1,8,32", help="comma-separated concurrency levels")
     parser.add_argument("--rounds", type=int, default=4, help="requests per worker per level")
     parser.add_argument("--max-duration", type=float, default=2.0, help="seconds of audio per request")
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra `tilevox serve` argument (repeat; e.g. --serve-arg=--cuda-graphs --serve-arg=off)",
+    )
     parser.add_argument("--api-key", default=os.environ.get("TILEVOX_API_KEY"))
     parser.add_argument("--start-timeout", type=float, default=600.0)
     parser.add_argument(
@@ -134,6 +141,7 @@ def main() -> int:
         if args.max_streams:
             serve_args += ["--max-streams", str(args.max_streams)]
         serve_args += ["--max-queued", str(max(args.levels) * 2)]  # the benchmark measures latency, not 429s
+        serve_args += args.serve_arg
         server = ServerProcess(serve_args, log_path=args.server_log, start_timeout_s=args.start_timeout).__enter__()
         base = server.base_url
     try:
@@ -163,6 +171,7 @@ def main() -> int:
         "server_max_queued": ready["max_queued"],
         "sample_rate_hz": rate,
         "max_duration_s": args.max_duration,
+        "serve_args": args.serve_arg,
         "rounds_per_worker": args.rounds,
         "ttfa_definition": "client-side, request sent -> first audio byte of a streaming pcm response",
         "levels": levels,

@@ -75,6 +75,14 @@ def _add_model_options(p) -> None:
         "25 frames of overlap (its output, sample for sample)",
     )
     p.add_argument(
+        "--cuda-graphs",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="run the model's decode regions that no megakernel runs through the executor's CUDA graphs "
+        "(per batch and key-length bucket, predictor sampling on the GPU): auto = on a CUDA device; "
+        "on = also on a CPU (the same code, eagerly); off = the plain PyTorch path",
+    )
+    p.add_argument(
         "--megakernel",
         default="none",
         metavar="REGIONS",
@@ -110,14 +118,25 @@ def _fused_swiglu_mode(args: argparse.Namespace):
     return mode
 
 
-def _install_megakernel(model, args: argparse.Namespace) -> None:
-    """Route the asked regions through the megakernel; unknown names are a usage error (ValueError)."""
-    if not _megakernel_asked(args):
-        return
-    from tilevox.engine_builder.regions import BackendOptions, Executor, install_megakernel_regions, parse_regions
+def _install_regions(model, args: argparse.Namespace, device: str) -> None:
+    """Route the asked regions through the megakernel (unknown names are a usage error, ValueError), and
+    the model's other regions through the executor's CUDA graphs as --cuda-graphs says."""
+    from tilevox.models.region_backends import region_names
 
-    names = parse_regions(model, args.megakernel)
-    install_megakernel_regions(model, names, BackendOptions(executor=Executor(args.megakernel_executor)))
+    on_megakernel: set[str] = set()
+    if _megakernel_asked(args):
+        from tilevox.engine_builder.regions import BackendOptions, Executor, install_megakernel_regions, parse_regions
+
+        names = parse_regions(model, args.megakernel)
+        installed = install_megakernel_regions(
+            model, names, BackendOptions(executor=Executor(args.megakernel_executor))
+        )
+        on_megakernel = {name for name, reason in installed.items() if reason is None}
+    if args.cuda_graphs == "off" or (args.cuda_graphs == "auto" and device != "cuda"):
+        return
+    from tilevox.executor import install_graph_regions
+
+    install_graph_regions(model, [name for name in region_names(model) if name not in on_megakernel])
 
 
 def _run_synth(args: argparse.Namespace) -> int:
@@ -153,7 +172,7 @@ def _run_synth(args: argparse.Namespace) -> int:
     )
     if model.is_random:
         print(f"warning: {args.model} has {RANDOM_WEIGHTS_NOTE}", file=sys.stderr)
-    _install_megakernel(model, args)
+    _install_regions(model, args, str(args.device))
     model.validate(request)
     from tqdm import tqdm
 
@@ -295,7 +314,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     )
     if model.is_random:
         print(f"warning: {model_spec} has {RANDOM_WEIGHTS_NOTE}", file=sys.stderr)
-    _install_megakernel(model, args)
+    _install_regions(model, args, device)
     if args.max_streams is not None and args.max_streams > model.max_streams:
         raise CommandError(
             f"--max-streams {args.max_streams} exceeds what {model.model_id} supports ({model.max_streams})"

@@ -1,4 +1,4 @@
-"""The import-layer contract in `.importlinter` (trt_plugins <- models <- engine_builder <- server) holds.
+"""The import-layer contract in `.importlinter` (trt_plugins <- models <- executor <- engine_builder <- server) holds.
 
 import-linter reads packages from the file system, and the design folders are mapped into `tilevox` by
 setup.py, so the check runs on a copy of the sources laid out as installed (`tilevox/<folder>/...`).
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-FOLDERS = ("trt_plugins", "models", "engine_builder", "server")
+FOLDERS = ("trt_plugins", "models", "executor", "engine_builder", "server")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 

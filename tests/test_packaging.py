@@ -27,7 +27,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 RIVA_PROTO = REPO / "server" / "riva_proto"
-DESIGN_FOLDERS = ("trt_plugins", "models", "engine_builder", "server")
+DESIGN_FOLDERS = ("trt_plugins", "models", "executor", "engine_builder", "server")
 
 
 def _floor(requirement_name: str) -> tuple[int, ...]:

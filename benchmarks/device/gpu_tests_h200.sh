@@ -7,7 +7,7 @@ set -uo pipefail
 shim=/tmp/tilevox-src/tilevox  # tilevox importable without installing it (setup.py's package_dir, as symlinks)
 mkdir -p "$shim"
 ln -sf "$PWD/tilevox/__init__.py" "$shim/__init__.py"
-for folder in trt_plugins models engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
+for folder in trt_plugins models executor engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
 repo=$PWD
 export PYTHONPATH=/tmp/tilevox-src:$repo PYTHONUNBUFFERED=1  # the shim first: the repo's tilevox/ holds only __init__.py
 export TILEVOX_KERNELS_LIB=$repo/trt_plugins/build/libtilevox_kernels.so

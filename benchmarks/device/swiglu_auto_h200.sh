@@ -10,7 +10,7 @@ set -uo pipefail
 shim=/tmp/tilevox-src/tilevox
 mkdir -p "$shim"
 ln -sf "$PWD/tilevox/__init__.py" "$shim/__init__.py"
-for folder in trt_plugins models engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
+for folder in trt_plugins models executor engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
 export PYTHONPATH=/tmp/tilevox-src PYTHONUNBUFFERED=1
 export TILEVOX_KERNELS_LIB=$PWD/trt_plugins/build/libtilevox_kernels.so
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"

@@ -89,3 +89,21 @@ def test_synth_unreadable_checkpoint(tmp_path):
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("tilevox: error:") and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "flag,expected", [("on", {"talker_step", "code_predictor_loop"}), ("auto", set()), ("off", set())]
+)
+def test_synth_cuda_graphs_flag_installs_the_executor(tmp_path, caplog, flag, expected):
+    """--cuda-graphs on runs the executor's region backends (eagerly on a CPU); auto leaves a CPU model plain."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="tilevox.executor")
+    out = tmp_path / "x.wav"
+    argv = ["synth", "--model", "random:qwen3-tts-tiny", "--text", "Hi", "--out", str(out), "--max-duration", "0.5"]
+    assert main([*argv, "--cuda-graphs", flag, "--quiet"]) == 0
+    installed = {
+        r.getMessage().split()[1].rstrip(":") for r in caplog.records if r.getMessage().endswith("executor (eager)")
+    }
+    assert installed == expected
+    assert soundfile.read(out)[0].size > 0

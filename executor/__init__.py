@@ -1,0 +1,28 @@
+"""tilevox.executor: runs the models' decode regions on the GPU.
+
+Today: each region a model declares (models.region_backends: Llasa's decoder_step, Qwen3-TTS's
+talker_step and code_predictor_loop) can run as a CUDA graph of its conventional PyTorch path, captured
+per (batch bucket, key-length bucket), with slot-indexed static inputs and the code predictor's sampling
+inside the graph (executor.sampling). On a CPU the same code runs eagerly. Imports flow one way:
+trt_plugins <- models <- executor <- engine_builder <- server.
+"""
+
+from tilevox.executor.graphs import (
+    GRAPH_BACKENDS,
+    GraphedCodePredictorLoop,
+    GraphedDecoderStep,
+    GraphedTalkerStep,
+    GraphOptions,
+    install_graph_regions,
+)
+from tilevox.executor.sampling import sample_rows
+
+__all__ = [
+    "GRAPH_BACKENDS",
+    "GraphOptions",
+    "GraphedCodePredictorLoop",
+    "GraphedDecoderStep",
+    "GraphedTalkerStep",
+    "install_graph_regions",
+    "sample_rows",
+]

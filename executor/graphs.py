@@ -1,0 +1,329 @@
+"""Conventional regions captured as CUDA graphs: one graph per (batch bucket, key-length bucket).
+
+Each backend stands in for one region a model declares (models.region_backends) with the same call and
+results as the conventional call, installed through `set_region_backend`, so the model never knows what
+runs it. A call's B rows are padded to the next batch bucket with copies of row 0 (the copy writes the
+same key/value to the same cache position as row 0, and its outputs are dropped), and attention reads a
+static number of keys, the next key bucket (a power of two from 256, capped at the cache length), masked
+per row as the eager path masks. Inputs are copied into the graph's static buffers on the device; per-row
+host values go through one pinned, asynchronous copy, so a call adds no host synchronisation.
+The code-predictor loop samples every head inside its graph with executor.sampling (the megakernel's
+counter-based draw: stream seed, frame x (Q-1) + head), so its draws never depend on the batch.
+
+`GraphOptions(capture=False)`, or a CPU model, runs exactly the same code eagerly: the CPU reference.
+A call a backend cannot take (a prefill of several positions, a batch above max_batch, predictor
+sampling with a repetition penalty, another KV cache) runs the conventional path and the reason is
+logged once on the "tilevox.executor" logger. Imports: torch, models, this package.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tilevox.executor.sampling import sample_rows
+from tilevox.models.qwen3_tts.layers import CacheView
+from tilevox.models.region_backends import (
+    CODE_PREDICTOR_LOOP,
+    DECODER_STEP,
+    TALKER_STEP,
+    PredictorRows,
+    region_module,
+    region_names,
+    set_region_backend,
+)
+
+__all__ = [
+    "BATCH_BUCKETS",
+    "GRAPH_BACKENDS",
+    "LOGGER_NAME",
+    "MIN_KEY_BUCKET",
+    "GraphOptions",
+    "GraphedCodePredictorLoop",
+    "GraphedDecoderStep",
+    "GraphedTalkerStep",
+    "batch_bucket",
+    "install_graph_regions",
+    "key_bucket",
+]
+
+LOGGER_NAME = "tilevox.executor"
+log = logging.getLogger(LOGGER_NAME)
+
+BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+MIN_KEY_BUCKET = 256
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphOptions:
+    capture: bool = True  # False: the same code eagerly (a CPU model always runs eagerly)
+    max_batch: int = BATCH_BUCKETS[-1]  # larger calls run the conventional path
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_batch <= BATCH_BUCKETS[-1]:
+            raise ValueError(f"max_batch must be in [1, {BATCH_BUCKETS[-1]}], got {self.max_batch}")
+
+
+def batch_bucket(batch: int) -> int:
+    """The smallest bucket holding `batch` rows."""
+    for bucket in BATCH_BUCKETS:
+        if bucket >= batch:
+            return bucket
+    raise ValueError(f"batch {batch} exceeds the largest bucket {BATCH_BUCKETS[-1]}")
+
+
+def key_bucket(num_keys: int, limit: int) -> int:
+    """Keys a call reads: the next power of two >= num_keys (at least MIN_KEY_BUCKET), at most `limit`."""
+    if not 1 <= num_keys <= limit:
+        raise ValueError(f"num_keys must be in [1, {limit}], got {num_keys}")
+    bucket = MIN_KEY_BUCKET
+    while bucket < num_keys:
+        bucket *= 2
+    return min(bucket, limit)
+
+
+class _Graphs:
+    """Captured graphs by key. run() copies inputs into the key's static buffers and replays; the first
+    call of a key warms the function up on a side stream (its writes are the ones the replay repeats),
+    then captures it. All graphs of one backend share a memory pool (they never run concurrently)."""
+
+    def __init__(self, device: torch.device, capture: bool) -> None:
+        self.device = device
+        self.capture = capture and device.type == "cuda"
+        self._entries: dict[tuple, tuple[dict[str, torch.Tensor], torch.cuda.CUDAGraph, object]] = {}
+        self._pool = None
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._entries)
+
+    def run(self, key: tuple, fn: Callable[..., object], inputs: dict[str, torch.Tensor]):
+        if not self.capture:
+            return fn(**inputs)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = self._capture(fn, inputs)
+        static, graph, out = entry
+        for name, tensor in inputs.items():
+            static[name].copy_(tensor)
+        graph.replay()
+        return out
+
+    def _capture(self, fn, inputs):
+        static = {name: tensor.clone() for name, tensor in inputs.items()}
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            fn(**static)
+        current.wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            out = fn(**static)
+        return static, graph, out
+
+
+class _GraphBackend:
+    name = ""
+
+    def __init__(self, module: torch.nn.Module, options: GraphOptions) -> None:
+        self.options = options
+        self.device = next(module.parameters()).device
+        self.graphs = _Graphs(self.device, options.capture)
+        self.num_graph_calls = 0  # calls this backend ran (captured or, on CPU, eagerly)
+        self.num_conventional_calls = 0
+        self.keys_used: set[tuple] = set()  # (batch bucket[, key bucket]) of every call taken
+        self._logged: set[str] = set()
+
+    def _fallback(self, reason: str) -> None:
+        self.num_conventional_calls += 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.info("%s: conventional path for this call: %s", self.name, reason)
+
+    def _rows(self, batch: int) -> tuple[int, torch.Tensor]:
+        """(bucket, index (bucket,)): rows 0..batch-1, then copies of row 0."""
+        bucket = batch_bucket(batch)
+        index = torch.arange(bucket, device=self.device)
+        return bucket, torch.where(index < batch, index, torch.zeros_like(index))
+
+    def _host_rows(self, values: Sequence[Sequence[float]], dtype: torch.dtype) -> torch.Tensor:
+        """Per-row host values (B, n) on the device through one pinned asynchronous copy."""
+        pinned = self.device.type == "cuda"
+        host = torch.tensor(values, dtype=dtype, pin_memory=pinned)
+        return host.to(self.device, non_blocking=pinned)
+
+
+class GraphedTalkerStep(_GraphBackend):
+    """Talker.forward_tokens of one new position per row (the TalkerStepBackend protocol)."""
+
+    name = TALKER_STEP
+
+    def __init__(self, talker: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
+        super().__init__(talker, options)
+        self.talker = talker
+        self._cache = None
+
+    def __call__(self, inputs: torch.Tensor, view: CacheView) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, num_new = inputs.shape[:2]
+        reason = None
+        if num_new != 1:
+            reason = f"{num_new} new positions per row (a prefill)"
+        elif not isinstance(view.slots, torch.Tensor):
+            reason = "slots given as a slice"
+        elif batch > self.options.max_batch:
+            reason = f"batch {batch} above max_batch {self.options.max_batch}"
+        elif self._cache is not None and view.cache is not self._cache:
+            reason = "another KV cache than the one the graphs were captured on"
+        if reason is not None:
+            self._fallback(reason)
+            return self.talker.forward_tokens(inputs, view)
+        cache = self._cache = view.cache
+        keys = key_bucket(view.kv_len, cache.max_len)
+        bucket, rows = self._rows(batch)
+
+        def step(x: torch.Tensor, slots: torch.Tensor, start: torch.Tensor):
+            return self.talker.forward_tokens(x, CacheView(cache=cache, slots=slots, start=start, kv_len=keys))
+
+        self.keys_used.add((bucket, keys))
+        hidden, logits = self.graphs.run(
+            (bucket, keys), step, {"x": inputs[rows], "slots": view.slots[rows], "start": view.start[rows]}
+        )
+        self.num_graph_calls += 1
+        return hidden[:batch].clone(), logits[:batch].clone()
+
+
+class GraphedCodePredictorLoop(_GraphBackend):
+    """CodePredictor.predict of one frame with every head sampled in the graph (CodePredictorLoopBackend)."""
+
+    name = CODE_PREDICTOR_LOOP
+
+    def __init__(self, predictor: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
+        super().__init__(predictor, options)
+        self.predictor = predictor
+        self._caches: dict[int, object] = {}  # per bucket: every position is written before it is read
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        code0_embedding: torch.Tensor,
+        choose: Callable[[int, torch.Tensor], torch.Tensor],
+        rows: PredictorRows,
+    ) -> torch.Tensor:
+        batch = hidden.shape[0]
+        reason = None
+        if len(rows.params) != batch:
+            raise ValueError(f"{len(rows.params)} sampling rows for a batch of {batch}")
+        if batch > self.options.max_batch:
+            reason = f"batch {batch} above max_batch {self.options.max_batch}"
+        elif any(p.repetition_penalty != 1.0 or p.min_new_tokens for p in rows.params):
+            reason = "predictor sampling with a repetition penalty or min_new_tokens"
+        if reason is not None:
+            self._fallback(reason)
+            return self.predictor.predict(hidden, code0_embedding, choose)
+        bucket, index = self._rows(batch)
+        floats = self._host_rows([(p.temperature, p.top_p) for p in rows.params], torch.float32)
+        ints = self._host_rows(
+            [(p.top_k, seed, offset) for p, seed, offset in zip(rows.params, rows.seeds, rows.rng_offsets)],
+            torch.int64,
+        )
+        cache = self._caches.get(bucket)
+        if cache is None:
+            cache = self._caches[bucket] = self.predictor.new_cache(bucket)
+
+        def frame(hidden, code0, floats, ints):
+            def choose_on_device(head: int, logits: torch.Tensor) -> torch.Tensor:
+                return sample_rows(logits, floats[:, 0], ints[:, 0], floats[:, 1], ints[:, 1], ints[:, 2] + head)
+
+            return self.predictor.predict(hidden, code0, choose_on_device, cache)
+
+        self.keys_used.add((bucket,))
+        codes = self.graphs.run(
+            (bucket,),
+            frame,
+            {"hidden": hidden[index], "code0": code0_embedding[index], "floats": floats[index], "ints": ints[index]},
+        )
+        self.num_graph_calls += 1
+        return codes[:batch].clone()
+
+
+class GraphedDecoderStep(_GraphBackend):
+    """LlamaForCausalLM.decode of one token per slot (the DecoderStepBackend protocol)."""
+
+    name = DECODER_STEP
+
+    def __init__(self, llama: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
+        super().__init__(llama, options)
+        self.llama = llama
+        self._cache = None
+
+    def __call__(self, cache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor:
+        slots = [int(s) for s in slots]
+        malformed = (
+            not slots
+            or token_ids.shape != (len(slots),)
+            or len(set(slots)) != len(slots)
+            or not all(0 <= s < len(cache.lengths) and cache.is_allocated(s) for s in slots)
+            or any(cache.lengths[s] >= cache.max_seq_len for s in slots)
+        )
+        if malformed:  # not a fallback: decode raises its own error for these calls
+            return self.llama.decode(cache, slots, token_ids)
+        batch = len(slots)
+        reason = None
+        if batch > self.options.max_batch:
+            reason = f"batch {batch} above max_batch {self.options.max_batch}"
+        elif self._cache is not None and cache is not self._cache:
+            reason = "another KV cache than the one the graphs were captured on"
+        if reason is not None:
+            self._fallback(reason)
+            return self.llama.decode(cache, slots, token_ids)
+        self._cache = cache
+        positions = [cache.lengths[s] for s in slots]
+        keys = key_bucket(max(positions) + 1, cache.max_seq_len)
+        bucket, index = self._rows(batch)
+        where = self._host_rows(list(zip(slots, positions)), torch.int64)
+        llama = self.llama
+
+        def step(tokens: torch.Tensor, where: torch.Tensor):
+            hidden = llama.forward(tokens[:, None], cache, where[:, 0], where[:, 1:2], keys)
+            return llama.lm_head(hidden[:, 0])
+
+        logits = self.graphs.run(
+            (bucket, keys), step, {"tokens": token_ids.to(torch.int64)[index], "where": where[index]}
+        )
+        for slot in slots:
+            cache.lengths[slot] += 1
+        self.num_graph_calls += 1
+        return logits[:batch].clone()
+
+
+# Region name (models.region_backends) -> the graph backend that runs it; each takes the region's network.
+GRAPH_BACKENDS: dict[str, type[_GraphBackend]] = {
+    DECODER_STEP: GraphedDecoderStep,
+    TALKER_STEP: GraphedTalkerStep,
+    CODE_PREDICTOR_LOOP: GraphedCodePredictorLoop,
+}
+
+
+def install_graph_regions(
+    model: object, names: Iterable[str] | None = None, options: GraphOptions = GraphOptions()
+) -> dict[str, str | None]:
+    """Route each region in `names` (default: all the model's regions) through its graph backend.
+    Returns name -> None (installed) or the reason it stays as it was (also logged)."""
+    result: dict[str, str | None] = {}
+    for name in region_names(model) if names is None else names:
+        backend_class = GRAPH_BACKENDS.get(name)
+        if backend_class is None:
+            result[name] = f"no graph backend for region {name!r}"
+            log.warning("graph region %s: %s", name, result[name])
+            continue
+        set_region_backend(model, name, backend_class(region_module(model, name), options))
+        mode = "CUDA graphs" if options.capture and next(region_module(model, name).parameters()).is_cuda else "eager"
+        log.info("region %s: executor (%s)", name, mode)
+        result[name] = None
+    return result

@@ -1,0 +1,87 @@
+"""Batched on-device sampling with per-row parameters and a counter-based RNG (CUDA-graph capturable).
+
+`sample_rows` draws one token per row of logits (B, V) from per-row tensors: temperature (0 = greedy),
+top-k (0 = off), top-p (1 = off), seed and counter. It makes exactly the draw of the megakernel's
+SAMPLE_EMBED (trt_plugins.megakernel.vm): keep the top-k (ties at the k-th value kept), then the smallest
+nucleus reaching top-p (at least one token), then invert the CDF in vocabulary order at
+u = uniform_from_seed(seed, counter) x total. No host synchronisation, no data-dependent shapes.
+`sample_rows_reference` is the per-row float64 reference. Imports: torch, trt_plugins.megakernel.vm.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilevox.trt_plugins.megakernel.vm import uniform_from_seed
+
+__all__ = ["sample_rows", "sample_rows_reference"]
+
+
+def _filter(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """-inf outside each row's top-k and then outside its top-p nucleus; scores (B, V) float."""
+    vocab = scores.shape[-1]
+    descending = torch.sort(scores, dim=-1, descending=True).values
+    kth = descending.gather(1, (top_k.clamp(min=1, max=vocab) - 1)[:, None])  # (B, 1)
+    use_k = ((top_k > 0) & (top_k < vocab))[:, None]
+    scores = scores.masked_fill(use_k & (scores < kth), float("-inf"))
+    ascending, order = torch.sort(scores, dim=-1)
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative <= (1.0 - top_p)[:, None]
+    drop_sorted[:, -1] = False
+    drop_sorted &= (top_p < 1.0)[:, None]
+    return scores.masked_fill(drop_sorted.scatter(1, order, drop_sorted), float("-inf"))
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    counter: torch.Tensor,
+) -> torch.Tensor:
+    """(B,) int64 tokens: argmax where temperature is 0, else the counter-based draw described above.
+    temperature, top_p float32 (B,); top_k, seed, counter int64 (B,); all on logits' device."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (B, V), got {tuple(logits.shape)}")
+    scores = logits.float()
+    greedy = torch.argmax(scores, dim=-1)
+    safe_temperature = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    filtered = _filter(scores / safe_temperature[:, None], top_k, top_p)
+    cdf = filtered.softmax(dim=-1).cumsum(dim=-1)
+    u = uniform_from_seed(seed, counter)[:, None] * cdf[:, -1:]
+    drawn = torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=logits.shape[-1] - 1)
+    return torch.where(temperature > 0, drawn, greedy)
+
+
+def sample_rows_reference(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    counter: torch.Tensor,
+) -> torch.Tensor:
+    """The same draw row by row in float64 (for tests)."""
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    for row in range(logits.shape[0]):
+        scores = logits[row].double().cpu()
+        temp = float(temperature[row])
+        if temp == 0.0:
+            out[row] = int(torch.argmax(scores))
+            continue
+        scores = scores / temp
+        k, p = int(top_k[row]), float(top_p[row])
+        if 0 < k < scores.numel():
+            scores = scores.masked_fill(scores < torch.topk(scores, k).values[-1], float("-inf"))
+        if p < 1.0:
+            ascending, order = torch.sort(scores)
+            drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - p
+            drop[-1] = False
+            scores = scores.masked_fill(drop.scatter(0, order, drop), float("-inf"))
+        cdf = scores.softmax(dim=-1).cumsum(dim=-1)
+        u = float(uniform_from_seed(seed[row : row + 1].cpu(), counter[row : row + 1].cpu())[0]) * float(cdf[-1])
+        out[row] = int(
+            torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True)[0].clamp(max=cdf.numel() - 1)
+        )
+    return out

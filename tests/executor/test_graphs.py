@@ -1,0 +1,145 @@
+"""The executor's region backends on CPU (eager: the reference the CUDA graphs must equal): the same
+tokens, frames and audio as the models' plain path (fp32, greedy); sampled predictor codes equal the
+megakernel interpreter's draws; a stream's output does not depend on the streams beside it; calls the
+backends cannot take run the plain path with a logged reason; buckets are what the docs say."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from tilevox.engine_builder.regions import BackendOptions, Executor, install_megakernel_regions
+from tilevox.executor import GraphOptions, install_graph_regions
+from tilevox.executor.graphs import LOGGER_NAME, MIN_KEY_BUCKET, batch_bucket, key_bucket
+from tilevox.models.llasa.loader import load_preset as load_llasa
+from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
+from tilevox.models.qwen3_tts.model import ModelOptions
+from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, TALKER_STEP
+from tilevox.models.sampling import SamplingParams
+from tilevox.models.streaming import SynthesisRequest, synthesize
+
+EAGER = GraphOptions(capture=False)
+
+
+def _qwen3(max_streams: int = 3):
+    return load_qwen3("qwen3-tts-tiny", options=ModelOptions(max_streams=max_streams, max_seq_len=400))
+
+
+def _llasa():
+    return load_llasa("llama-tiny", device="cpu", dtype=torch.float32, max_streams=4, max_seq_len=400)
+
+
+def _greedy(text: str, seconds: float) -> SynthesisRequest:
+    return SynthesisRequest(text=text, sampling=SamplingParams.greedy(), max_duration_s=seconds, seed=3)
+
+
+def test_buckets():
+    assert [batch_bucket(n) for n in (1, 2, 3, 5, 17, 33, 65, 256)] == [1, 2, 4, 8, 24, 48, 96, 256]
+    with pytest.raises(ValueError, match="exceeds the largest bucket"):
+        batch_bucket(257)
+    assert key_bucket(1, 4096) == MIN_KEY_BUCKET
+    assert [key_bucket(n, 4096) for n in (256, 257, 1025, 4096)] == [256, 512, 2048, 4096]
+    assert key_bucket(300, 400) == 400 and key_bucket(5, 64) == 64
+    with pytest.raises(ValueError):
+        key_bucket(65, 64)
+
+
+def test_qwen3_executor_equals_the_plain_path():
+    """Talker step and predictor loop: same frames, audio within 1e-5, over more than 256 positions so
+    that both key buckets of a 400-position cache (256, then 400) are used."""
+    request = _greedy("Good morning, this runs long enough to cross a key bucket.", 22.0)
+    frames: dict[str, list[torch.Tensor]] = {"plain": [], "executor": []}
+    model = _qwen3()
+    model.frame_observer = lambda _sid, codes: frames["plain"].append(codes)
+    plain = synthesize(model, request)
+    assert install_graph_regions(model, options=EAGER) == {TALKER_STEP: None, CODE_PREDICTOR_LOOP: None}
+    model.frame_observer = lambda _sid, codes: frames["executor"].append(codes)
+    got = synthesize(model, request)
+    assert len(frames["plain"]) > 200
+    assert model.talker_step_backend.keys_used == {(1, 256), (1, 400)}
+    assert torch.equal(torch.stack(frames["executor"]), torch.stack(frames["plain"]))
+    np.testing.assert_allclose(got.samples, plain.samples, atol=1e-5, rtol=0)
+    assert model.talker_step_backend.num_graph_calls == plain.num_frames
+    assert model.code_predictor_loop_backend.num_graph_calls == plain.num_frames
+
+
+def test_llasa_executor_equals_the_plain_path():
+    request = _greedy("Hello there, Llasa", 1.0)
+    tokens: dict[str, list[int]] = {"plain": [], "executor": []}
+    model = _llasa()
+    model.token_observer = lambda _sid, token: tokens["plain"].append(token)
+    plain = synthesize(model, request)
+    assert install_graph_regions(model, options=EAGER) == {DECODER_STEP: None}
+    model.token_observer = lambda _sid, token: tokens["executor"].append(token)
+    got = synthesize(model, request)
+    assert len(tokens["plain"]) > 10 and tokens["executor"] == tokens["plain"]
+    np.testing.assert_allclose(got.samples, plain.samples, atol=1e-5, rtol=0)
+    assert model.decoder_step_backend.num_graph_calls > 10
+
+
+def _sampled_frames(seeds: list[int], install, steps: int = 5) -> dict[int, list[torch.Tensor]]:
+    model = _qwen3(max_streams=len(seeds))
+    install(model)
+    out: dict[int, list[torch.Tensor]] = {}
+    model.frame_observer = lambda sid, codes: out.setdefault(sid, []).append(codes)
+    params = SamplingParams(temperature=0.9, top_k=30, top_p=0.9)
+    ids = [
+        model.open_stream(SynthesisRequest(text="Sampling here", sampling=params, seed=s, max_duration_s=2.0))
+        for s in seeds
+    ]
+    for _ in range(steps):
+        model.step([i for i in ids if i in model.open_stream_ids])
+    return {seed: out[i] for seed, i in zip(seeds, ids)}
+
+
+def test_sampled_predictor_draws_equal_the_megakernel_interpreter():
+    """Same counter-based draw as the megakernel's SAMPLE_EMBED (stream seed, frame x (Q-1) + head)."""
+
+    def executor(model):
+        install_graph_regions(model, [CODE_PREDICTOR_LOOP], EAGER)
+
+    def interpreter(model):
+        install_megakernel_regions(model, [CODE_PREDICTOR_LOOP], BackendOptions(executor=Executor.VM))
+
+    got, want = _sampled_frames([5, 9], executor), _sampled_frames([5, 9], interpreter)
+    for seed in (5, 9):
+        n = min(len(got[seed]), len(want[seed]))
+        assert n >= 3 and torch.equal(torch.stack(got[seed][:n]), torch.stack(want[seed][:n]))
+
+
+def test_a_stream_is_the_same_alone_and_beside_others():
+    def executor(model):
+        install_graph_regions(model, options=EAGER)
+
+    together = _sampled_frames([5, 6, 7, 8, 9], executor)
+    alone = _sampled_frames([7], executor)
+    n = min(len(alone[7]), len(together[7]))
+    assert n >= 3
+    assert torch.equal(torch.stack(alone[7][:n]), torch.stack(together[7][:n]))
+    assert not torch.equal(torch.stack(together[7][:n]), torch.stack(together[8][:n]))
+
+
+def test_calls_it_cannot_take_run_the_plain_path_and_say_why(caplog):
+    model = _qwen3()
+    install_graph_regions(model, options=GraphOptions(capture=False, max_batch=1))
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    ids = [model.open_stream(_greedy("Two streams", 1.0)) for _ in range(2)]
+    model.step(ids)
+    model.step(ids)
+    messages = [r.getMessage() for r in caplog.records if r.name == LOGGER_NAME]
+    assert sum("batch 2 above max_batch 1" in m for m in messages) == 2  # once per region, not per call
+    assert model.talker_step_backend.num_conventional_calls == 2
+    penalised = SynthesisRequest(
+        text="Penalty", sampling=SamplingParams(temperature=0.9, repetition_penalty=1.3), max_duration_s=1.0
+    )
+    model2 = _qwen3()
+    install_graph_regions(model2, [CODE_PREDICTOR_LOOP], EAGER)
+    model2.generation = type(model2.generation)(subtalker_dosample=False)
+    stream = model2.open_stream(penalised)
+    model2.step([stream])
+    assert model2.code_predictor_loop_backend.num_graph_calls == 1  # greedy predictor: in the executor
+    with pytest.raises(ValueError, match="no region 'decoder_step'"):
+        install_graph_regions(model, [DECODER_STEP], EAGER)
