@@ -264,14 +264,9 @@ class GraphedDecoderStep(_GraphBackend):
 
     def __call__(self, cache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor:
         slots = [int(s) for s in slots]
-        malformed = (
-            not slots
-            or token_ids.shape != (len(slots),)
-            or len(set(slots)) != len(slots)
-            or not all(0 <= s < len(cache.lengths) and cache.is_allocated(s) for s in slots)
-            or any(cache.lengths[s] >= cache.max_seq_len for s in slots)
-        )
-        if malformed:  # not a fallback: decode raises its own error for these calls
+        if token_ids.dim() != 1 or not cache.takes_decode(
+            slots, token_ids.shape[0]
+        ):  # not a fallback: decode raises its own error for these calls
             return self.llama.decode(cache, slots, token_ids)
         batch = len(slots)
         reason = None

@@ -73,3 +73,19 @@ def _no_leaked_log_handlers():
                 logger.removeHandler(handler)
         logger.setLevel(level)
         logger.propagate = propagate
+
+
+def sampled_frames(model, seeds, params, *, steps: int) -> dict[int, list[torch.Tensor]]:
+    """Open one "Sampling here" stream per seed on a Qwen3-TTS `model`, step them together `steps`
+    times, and return each seed's frames (codes of every codebook) as the model observed them."""
+    from tilevox.models.streaming import SynthesisRequest
+
+    out: dict[int, list[torch.Tensor]] = {}
+    model.frame_observer = lambda sid, codes: out.setdefault(sid, []).append(codes)
+    ids = [
+        model.open_stream(SynthesisRequest(text="Sampling here", sampling=params, seed=s, max_duration_s=2.0))
+        for s in seeds
+    ]
+    for _ in range(steps):
+        model.step([i for i in ids if i in model.open_stream_ids])
+    return {seed: out[i] for seed, i in zip(seeds, ids)}

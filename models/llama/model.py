@@ -117,6 +117,16 @@ class LlamaKVCache:
         self._in_use[slot] = False
         self.lengths[slot] = 0
 
+    def takes_decode(self, slots: Sequence[int], num_tokens: int) -> bool:
+        """Whether decode of `num_tokens` tokens into `slots` is well formed: distinct allocated slots with
+        room, one token each (decode raises a precise error otherwise; other executors call it then)."""
+        return (
+            bool(slots)
+            and num_tokens == len(slots)
+            and len(set(slots)) == len(slots)
+            and all(self.is_allocated(s) and self.lengths[s] < self.max_seq_len for s in slots)
+        )
+
     def is_allocated(self, slot: int) -> bool:
         return 0 <= slot < self.max_streams and self._in_use[slot]
 

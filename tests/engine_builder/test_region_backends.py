@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import sampled_frames
 from tilevox.engine_builder.regions import BackendOptions, Executor, MegakernelUnavailable, install_megakernel_regions
 from tilevox.engine_builder.regions.backends import (
     LOGGER_NAME,
@@ -151,18 +152,10 @@ def test_sampled_predictor_codes_do_not_depend_on_the_batch():
     (its draws use only its seed and frame index), and a different seed gives other codes."""
     params = SamplingParams(temperature=0.9, top_k=30)
 
-    def frames_of(seeds: list[int], steps: int = 4) -> dict[int, list[torch.Tensor]]:
+    def frames_of(seeds: list[int]) -> dict[int, list[torch.Tensor]]:
         model = _qwen3()
         install_megakernel_regions(model, [CODE_PREDICTOR_LOOP], VM)
-        out: dict[int, list[torch.Tensor]] = {}
-        model.frame_observer = lambda sid, codes: out.setdefault(sid, []).append(codes)
-        ids = [
-            model.open_stream(SynthesisRequest(text="Sampling here", sampling=params, seed=s, max_duration_s=2.0))
-            for s in seeds
-        ]
-        for _ in range(steps):
-            model.step([i for i in ids if i in model.open_stream_ids])
-        return {seed: out[i] for seed, i in zip(seeds, ids)}
+        return sampled_frames(model, seeds, params, steps=4)
 
     together = frames_of([5, 6])
     alone = frames_of([5])

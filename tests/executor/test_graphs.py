@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import sampled_frames
 from tilevox.engine_builder.regions import BackendOptions, Executor, install_megakernel_regions
 from tilevox.executor import GraphOptions, install_graph_regions
 from tilevox.executor.graphs import LOGGER_NAME, MIN_KEY_BUCKET, batch_bucket, key_bucket
@@ -83,16 +84,7 @@ def test_llasa_executor_equals_the_plain_path():
 def _sampled_frames(seeds: list[int], install, steps: int = 5) -> dict[int, list[torch.Tensor]]:
     model = _qwen3(max_streams=len(seeds))
     install(model)
-    out: dict[int, list[torch.Tensor]] = {}
-    model.frame_observer = lambda sid, codes: out.setdefault(sid, []).append(codes)
-    params = SamplingParams(temperature=0.9, top_k=30, top_p=0.9)
-    ids = [
-        model.open_stream(SynthesisRequest(text="Sampling here", sampling=params, seed=s, max_duration_s=2.0))
-        for s in seeds
-    ]
-    for _ in range(steps):
-        model.step([i for i in ids if i in model.open_stream_ids])
-    return {seed: out[i] for seed, i in zip(seeds, ids)}
+    return sampled_frames(model, seeds, SamplingParams(temperature=0.9, top_k=30, top_p=0.9), steps=steps)
 
 
 def test_sampled_predictor_draws_equal_the_megakernel_interpreter():
