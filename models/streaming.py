@@ -130,6 +130,18 @@ class SpeechModel(abc.ABC):
     @abc.abstractmethod
     def open_stream(self, request: SynthesisRequest) -> int: ...
 
+    def open_streams(self, requests: Sequence[SynthesisRequest]) -> list[int | Exception]:
+        """Open several streams at once: a stream id, or the exception that refused that request, per
+        request in order (one bad request never fails the others). A model may run the prompts of all
+        of them in one batched prefill; this default opens them one by one."""
+        out: list[int | Exception] = []
+        for request in requests:
+            try:
+                out.append(self.open_stream(request))
+            except Exception as exc:  # noqa: BLE001 - returned to the caller, who fails that request only
+                out.append(exc)
+        return out
+
     @abc.abstractmethod
     def step(self, stream_ids: Sequence[int]) -> list[AudioChunk]: ...
 

@@ -175,6 +175,7 @@ class Scheduler:
         max_active: int,
         max_queued: int,
         max_batch: int | None = None,
+        max_prefill_batch: int = 16,
         metrics: ServerMetrics | None = None,
     ) -> None:
         if max_active < 1:
@@ -185,10 +186,16 @@ class Scheduler:
             raise ValueError(f"max_queued must be >= 0, got {max_queued}")
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}")
+        if max_prefill_batch < 1:
+            raise ValueError(f"max_prefill_batch must be >= 1, got {max_prefill_batch}")
         self.model = model
         self.max_active = max_active
         self.max_queued = max_queued
         self.max_batch = max_batch or max_active
+        # Admissions per worker iteration while streams are running: their prompts run as one batched
+        # prefill, then the running streams step; a burst is spread over frames so that no running
+        # stream waits for more than one prefill of this many prompts between two of its frames.
+        self.max_prefill_batch = max_prefill_batch
         self.metrics = metrics
         self._lock = threading.Condition()
         self._pending: collections.deque[StreamHandle] = collections.deque()
@@ -377,6 +384,8 @@ class Scheduler:
             for handle in to_close:
                 self._active.pop(handle.model_stream_id, None)
             free = self.max_active - len(self._active)
+            if self._active:
+                free = min(free, self.max_prefill_batch)
             admit = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
             return to_close, admit, list(self._active.values())
 
@@ -421,13 +430,16 @@ class Scheduler:
                 if handle.model_stream_id is not None:
                     self.model.close(handle.model_stream_id)
                 self._finish(handle, FinishReason.CANCELLED)
-            for handle in admit:
-                try:
-                    handle.model_stream_id = self.model.open_stream(handle.request)
-                except Exception as exc:  # a model failure must fail this request only, never the worker
-                    log.exception("open_stream failed for stream %d", handle.handle_id)
-                    self._fail(handle, exc)
+            try:
+                opened = self.model.open_streams([handle.request for handle in admit]) if admit else []
+            except Exception as exc:  # the batched prefill itself failed: those requests fail, the worker goes on
+                opened = [exc] * len(admit)
+            for handle, result in zip(admit, opened, strict=True):
+                if isinstance(result, Exception):  # a model failure must fail this request only, never the worker
+                    log.error("open_stream failed for stream %d", handle.handle_id, exc_info=result)
+                    self._fail(handle, result)
                     continue
+                handle.model_stream_id = result
                 handle.opened_at = time.perf_counter()
                 with self._lock:
                     if handle.is_cancelled:

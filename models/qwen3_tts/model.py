@@ -104,6 +104,19 @@ class _Stream:
     num_steps: int = 0
 
 
+@dataclass(slots=True, kw_only=True)
+class _Prepared:
+    """A request made ready for the batched prefill (prompt embeddings and per-stream state)."""
+
+    prefill: torch.Tensor  # (L, H) prompt embeddings
+    trailing: torch.Tensor  # (n, H) text-track rows for decode steps 0..n-1
+    talker_params: SamplingParams
+    predictor_params: SamplingParams
+    seed: int
+    max_tokens: int
+    decoder_state: object
+
+
 def qwen3_tts_region_modules(talker: Talker) -> dict[str, nn.Module]:
     """Qwen3-TTS's regions and the network each one runs (models.region_backends)."""
     return {TALKER_STEP: talker, CODE_PREDICTOR_LOOP: talker.code_predictor}
@@ -278,14 +291,42 @@ class Qwen3TTSSpeechModel(SpeechModel):
 
     @torch.no_grad()
     def open_stream(self, request: SynthesisRequest) -> int:
+        result = self.open_streams([request])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    @torch.no_grad()
+    def open_streams(self, requests: Sequence[SynthesisRequest]) -> list[int | Exception]:
+        """Prepare each request (prompt layout, voice, codec state), then run every prompt in one batched
+        talker prefill (right-padded to the longest; padding sits after each row's prompt, so causal
+        attention keeps it out of the prompt, and decode overwrites it before any step can read it)."""
+        out: list[int | Exception] = []
+        prepared: list[tuple[int, _Prepared]] = []
+        for index, request in enumerate(requests):
+            try:
+                if len(prepared) >= len(self._free_slots):
+                    raise RuntimeError(f"all {self.max_streams} stream slots are in use; close a stream first")
+                prepared.append((index, self._prepare(request)))
+                out.append(RuntimeError("not admitted"))  # replaced below
+            except Exception as exc:  # noqa: BLE001 - this request fails alone
+                out.append(exc)
+        if prepared:
+            try:
+                admitted: list[int | Exception] = list(self._admit([p for _, p in prepared]))
+            except Exception as exc:  # noqa: BLE001 - the batched prefill failed: each of its requests fails
+                admitted = [exc] * len(prepared)
+            for (index, _), result in zip(prepared, admitted, strict=True):
+                out[index] = result
+        return out
+
+    def _prepare(self, request: SynthesisRequest) -> _Prepared:
         spec = self._prompt_spec(request)
         layout = build_layout(spec, self.config, self.text_tokenizer)
         if len(layout) + 1 > self.options.max_seq_len:
             raise RequestError(
                 f"text too long: the prompt has {len(layout)} positions, this model holds {self.options.max_seq_len}"
             )
-        if not self._free_slots:
-            raise RuntimeError(f"all {self.max_streams} stream slots are in use; close a stream first")
         talker_params, predictor_params = self._sampling(request)
         speaker_vector = ref_codes = None
         chunked = self.options.decode_mode == "official_chunked"
@@ -318,38 +359,61 @@ class Qwen3TTSSpeechModel(SpeechModel):
         # hits max_new_tokens; and the slot must hold prompt + every fed-back token.
         max_frames = int(request.max_duration_s * self.frame_rate_hz)
         max_tokens = min(talker_params.max_new_tokens, max_frames + 1, self.options.max_seq_len - len(layout) + 1)
-        slot = self._free_slots.pop(0)
-        stream_id = next(self._ids)
+        return _Prepared(
+            prefill=prefill,
+            trailing=trailing,
+            talker_params=talker_params,
+            predictor_params=predictor_params,
+            seed=request.seed,
+            max_tokens=max_tokens,
+            decoder_state=decoder_state,
+        )
+
+    def _admit(self, prepared: Sequence[_Prepared]) -> list[int]:
+        """One talker prefill for all prepared requests; each gets a slot and its first codebook-0 token."""
+        slots = [self._free_slots.pop(0) for _ in prepared]
         try:
+            lengths = [p.prefill.shape[0] for p in prepared]
+            longest = max(lengths)
+            width, dtype = prepared[0].prefill.shape[1], prepared[0].prefill.dtype
+            inputs = torch.zeros(len(prepared), longest, width, dtype=dtype, device=self.device)
+            for row, p in enumerate(prepared):
+                inputs[row, : lengths[row]] = p.prefill
             view = CacheView(
                 cache=self.cache,
-                slots=torch.tensor([slot], device=self.device),
-                start=torch.zeros(1, dtype=torch.long, device=self.device),
-                kv_len=len(layout),
+                slots=torch.tensor(slots, device=self.device),
+                start=torch.zeros(len(prepared), dtype=torch.long, device=self.device),
+                kv_len=longest,
                 write_offset=0,
             )
-            hidden, logits = self.talker.forward_tokens(prefill[None], view)
-            stream = _Stream(
-                stream_id=stream_id,
-                slot=slot,
-                position=len(layout),
-                hidden=hidden[0],
-                code0=torch.zeros((), dtype=torch.long, device=self.device),
-                trailing_text=trailing,
-                talker_params=talker_params,
-                predictor_params=predictor_params,
-                generator=make_generator(request.seed, self.device),
-                generated=torch.zeros(max(max_tokens, 1), dtype=torch.long, device=self.device),
-                num_generated=0,
-                max_tokens=max_tokens,
-                decoder_state=decoder_state,
-            )
-            stream.code0 = self._sample_talker([stream], logits)[0]
+            hidden, logits = self.talker.forward_prompts(inputs, view, torch.tensor(lengths, device=self.device) - 1)
+            streams = []
+            for row, (p, slot) in enumerate(zip(prepared, slots)):
+                streams.append(
+                    _Stream(
+                        stream_id=next(self._ids),
+                        slot=slot,
+                        position=lengths[row],
+                        hidden=hidden[row],
+                        code0=torch.zeros((), dtype=torch.long, device=self.device),
+                        trailing_text=p.trailing,
+                        talker_params=p.talker_params,
+                        predictor_params=p.predictor_params,
+                        generator=make_generator(p.seed, self.device),
+                        generated=torch.zeros(max(p.max_tokens, 1), dtype=torch.long, device=self.device),
+                        num_generated=0,
+                        max_tokens=p.max_tokens,
+                        decoder_state=p.decoder_state,
+                    )
+                )
+            first = self._sample_talker(streams, logits)
         except BaseException:
-            self._free_slots.insert(0, slot)
+            self._free_slots = sorted(self._free_slots + slots)
             raise
-        self._streams[stream_id] = stream
-        return stream_id
+        for stream, code0 in zip(streams, first):
+            stream.code0 = code0
+            self._streams[stream.stream_id] = stream
+        return [s.stream_id for s in streams]
 
     def close(self, stream_id: int) -> bool:
         stream = self._streams.pop(stream_id, None)

@@ -96,3 +96,12 @@ class Talker(nn.Module):
         """inputs (B, T, H) at each row's cache position -> (last hidden (B, H), codec logits (B, vocab))."""
         hidden = self.model.run_layers(inputs, view)[:, -1]  # (B, H) after the final norm
         return hidden, self.codec_head(hidden)
+
+    def forward_prompts(
+        self, inputs: torch.Tensor, view: CacheView, last: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded prompts inputs (B, T, H) from position 0 -> (hidden (B, H), codec logits (B, vocab))
+        at each row's last prompt position `last` (B,) long."""
+        hidden = self.model.run_layers(inputs, view)  # (B, T, H) after the final norm
+        hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        return hidden, self.codec_head(hidden)

@@ -264,3 +264,32 @@ def test_a_finished_stream_frees_its_place_before_its_client_is_told():
             scheduler.shutdown()
 
     asyncio.run(main())
+
+
+def test_a_burst_of_admissions_is_spread_over_frames_while_streams_run(sched_factory):
+    """With streams running, at most max_prefill_batch new streams are prefilled (one open_streams call)
+    between two frames, so a burst never holds the running streams back by more than one batched prefill."""
+    model = FakeSpeechModel(step_delay_s=0.002)
+    calls: list[tuple[int, int]] = []  # (streams asked for, steps taken before)
+    real_open_streams = model.open_streams
+
+    def spy(requests):
+        calls.append((len(requests), len(model.step_log)))
+        return real_open_streams(requests)
+
+    model.open_streams = spy
+    sched = sched_factory(model, max_active=40, max_queued=40, max_prefill_batch=8)
+
+    async def main():
+        first = sched.submit(_req("running " * 30))
+        while not model.step_log:
+            await asyncio.sleep(0.001)
+        burst = [sched.submit(_req(f"burst {n}", seed=n)) for n in range(30)]
+        return await asyncio.gather(*(h.collect() for h in [first, *burst]))
+
+    outs = _run(main())
+    assert all(out.size for out in outs)
+    assert calls[0][0] == 1 and sum(n for n, _ in calls) == 31
+    assert max(n for n, _ in calls[1:]) <= 8 and len(calls) >= 5
+    steps_before = [steps for _, steps in calls[1:]]
+    assert steps_before == sorted(set(steps_before))  # one batched prefill per frame at most
