@@ -210,7 +210,11 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if visible, else cpu")
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
     p.add_argument(
-        "--max-streams", type=int, default=None, help="concurrent streams (default: the model's limit, at most 32)"
+        "--max-streams",
+        type=int,
+        default=None,
+        help="concurrent streams (default: the model's limit: on a GPU, the KV-cache slots that fit in free memory "
+        "beside a reserve, at most 256; see the README's serving section)",
     )
     p.add_argument(
         "--max-queued", type=int, default=None, help="streams waiting for a slot before 429 (default: max-streams)"
@@ -319,7 +323,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         raise CommandError(
             f"--max-streams {args.max_streams} exceeds what {model.model_id} supports ({model.max_streams})"
         )
-    max_streams = args.max_streams or min(model.max_streams, 32)
+    max_streams = args.max_streams or model.max_streams
     config = dataclasses.replace(
         probe, max_streams=max_streams, max_queued=max_streams if args.max_queued is None else args.max_queued
     )

@@ -14,7 +14,7 @@ export PYTHONPATH=/tmp/tilevox-src:/tmp/site:$repo PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 date -u +%FT%TZ >> "$OUT/gpu.txt"
 (cd /tmp/tilevox-src && timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" \
-  --rootdir "$repo" "$repo/tests/executor") 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+  --rootdir "$repo" "$repo/tests/executor" "$repo/tests/models/test_capacity.py") 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
 TEXT="Streaming speech synthesis on a Hopper GPU, one frame at a time."
 for model in random:qwen3-tts-0.6b random:llama-1b; do
   for graphs in off auto; do
@@ -23,12 +23,13 @@ for model in random:qwen3-tts-0.6b random:llama-1b; do
       | sed "s|^|$model cuda-graphs=$graphs: |" | tee -a "$OUT/synth.log"; echo | tee -a "$OUT/synth.log"
   done
 done
-for graphs in auto off; do
-  timeout 150 python3 -m benchmarks.server_ttfa --model random:qwen3-tts-0.6b --device cuda --max-streams 32 \
-    --levels 1,8,32 --rounds 2 --max-duration 2 --serve-arg=--cuda-graphs --serve-arg=$graphs \
-    --server-log "/tmp/server_qwen_$graphs.log" --out "$OUT/ttfa_qwen_$graphs.json" 2>&1 | tail -6 | tee -a "$OUT/ttfa.log"
-done
-timeout 100 python3 -m benchmarks.server_ttfa --model random:llama-1b --device cuda --max-streams 16 \
-  --levels 1,8,16 --rounds 2 --max-duration 2 --serve-arg=--cuda-graphs --serve-arg=auto \
+timeout 150 python3 -m benchmarks.server_ttfa --model random:qwen3-tts-0.6b --device cuda --max-streams 64 \
+  --levels 1,8,32,64 --rounds 2 --max-duration 2 --serve-arg=--cuda-graphs --serve-arg=auto \
+  --server-log /tmp/server_qwen_auto.log --out "$OUT/ttfa_qwen_auto.json" 2>&1 | tail -7 | tee -a "$OUT/ttfa.log"
+timeout 150 python3 -m benchmarks.server_ttfa --model random:qwen3-tts-0.6b --device cuda --max-streams 32 \
+  --levels 1,8,32 --rounds 2 --max-duration 2 --serve-arg=--cuda-graphs --serve-arg=off \
+  --server-log /tmp/server_qwen_off.log --out "$OUT/ttfa_qwen_off.json" 2>&1 | tail -6 | tee -a "$OUT/ttfa.log"
+timeout 100 python3 -m benchmarks.server_ttfa --model random:llama-1b --device cuda --max-streams 32 \
+  --levels 1,8,32 --rounds 2 --max-duration 2 --serve-arg=--cuda-graphs --serve-arg=auto \
   --server-log /tmp/server_llama_auto.log --out "$OUT/ttfa_llama_auto.json" 2>&1 | tail -6 | tee -a "$OUT/ttfa.log"
 for log in /tmp/server_*.log; do echo "== $log (last lines)"; tail -8 "$log"; done >> "$OUT/ttfa.log"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from tilevox.models.capacity import kv_bytes_per_stream, streams_that_fit
 from tilevox.models.errors import CheckpointError
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import load_llama, load_llama_config, random_llama
@@ -64,6 +65,21 @@ def meta_regions(preset_name: str, *, dtype: torch.dtype) -> dict[str, torch.nn.
     return llasa_region_modules(random_llama(llama_config(preset_name), seed=_LLAMA_SEED, device="meta", dtype=dtype))
 
 
+def _default_streams(config: LlamaConfig, device: torch.device, dtype: torch.dtype, context: int, cpu: int) -> int:
+    """On a GPU: as many streams as the free memory holds once the weights are loaded (models.capacity);
+    on a CPU: `cpu`."""
+    if device.type != "cuda":
+        return cpu
+    per_stream = kv_bytes_per_stream(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.resolved_head_dim,
+        context=context,
+        dtype=dtype,
+    )
+    return streams_that_fit(device, per_stream)
+
+
 def load_preset(
     preset_name: str,
     *,
@@ -85,7 +101,8 @@ def load_preset(
         tokenizer=tokenizer,
         codec=codec,
         model_id=f"random:{preset_name}",
-        max_streams=max_streams or preset.max_streams,
+        max_streams=max_streams
+        or _default_streams(config, device, dtype, max_seq_len or preset.max_seq_len, preset.max_streams),
         max_seq_len=max_seq_len or preset.max_seq_len,
         is_random=True,
     )
@@ -118,7 +135,7 @@ def load_checkpoint(
     *,
     device: str | torch.device,
     dtype: torch.dtype,
-    max_streams: int = DEFAULT_MAX_STREAMS,
+    max_streams: int | None = None,
     xcodec2_dir: str | Path | None = None,
 ) -> LlasaModel:
     """Load a Llasa checkpoint directory (config.json, *.safetensors, tokenizer.json) and its XCodec2."""
@@ -133,6 +150,7 @@ def load_checkpoint(
             f"{root}: tokenizer.json has ids up to {last_id} but config.json vocab_size is {config.vocab_size}"
         )
     llama = load_llama(root, device=device, dtype=dtype, config=config)
+    context = min(LLASA_MAX_SEQ_LEN, config.max_position_embeddings)
     codec = load_xcodec2_decoder(codec_dir, device=device, dtype=dtype)
     if tokenizer.num_speech_tokens > codec.config.codebook_size:
         raise CheckpointError(
@@ -144,7 +162,7 @@ def load_checkpoint(
         tokenizer=tokenizer,
         codec=codec,
         model_id=str(root),
-        max_streams=max_streams,
-        max_seq_len=min(LLASA_MAX_SEQ_LEN, config.max_position_embeddings),
+        max_streams=max_streams or _default_streams(config, device, dtype, context, DEFAULT_MAX_STREAMS),
+        max_seq_len=context,
         is_random=False,
     )

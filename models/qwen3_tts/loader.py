@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tilevox.models.capacity import kv_bytes_per_stream, streams_that_fit
 from tilevox.models.checkpoint_io import check_tensor_dtype, read_safetensors
 from tilevox.models.errors import CheckpointError
 from tilevox.models.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig, TtsModelType
@@ -139,10 +140,24 @@ def preset_config_dict(name: str) -> dict:
     }
 
 
-def default_options(device: torch.device) -> ModelOptions:
-    """cuda: 32 slots x 4096 tokens (0.6B bf16 talker cache ~15 GB); cpu: 4 x 2048."""
+# Context per stream on a GPU: prompt + generated positions (2,048 holds a ~100-position prompt and
+# 155 s of audio at 12.5 frames/s; a longer utterance ends with finish reason "length").
+CUDA_CONTEXT = 2048
+
+
+def default_options(device: torch.device, config: Qwen3TTSConfig, dtype: torch.dtype) -> ModelOptions:
+    """cuda: CUDA_CONTEXT positions per stream and as many streams as the free memory holds once the
+    weights are loaded (models.capacity; 256 at most); cpu: 4 streams x 2048."""
     if device.type == "cuda":
-        return ModelOptions(max_streams=32, max_seq_len=4096)
+        t = config.talker.transformer
+        per_stream = kv_bytes_per_stream(
+            num_layers=t.num_layers,
+            num_kv_heads=t.num_kv_heads,
+            head_dim=t.head_dim,
+            context=CUDA_CONTEXT,
+            dtype=dtype,
+        )
+        return ModelOptions(max_streams=streams_that_fit(device, per_stream), max_seq_len=CUDA_CONTEXT)
     return ModelOptions(max_streams=4, max_seq_len=2048)
 
 
@@ -282,7 +297,7 @@ def load_checkpoint(
         generation=generation,
         sample_rate_hz=st_config.output_sample_rate,
         frame_rate_hz=st_config.frame_rate_hz,
-        options=_with_decode_mode(options or default_options(device), decode_mode),
+        options=_with_decode_mode(options or default_options(device, config, dtype), decode_mode),
     )
 
 
@@ -335,7 +350,7 @@ def load_preset(
         generation=GenerationDefaults(),
         sample_rate_hz=codec_config.output_sample_rate,
         frame_rate_hz=codec_config.frame_rate_hz,
-        options=_with_decode_mode(options or default_options(device), decode_mode),
+        options=_with_decode_mode(options or default_options(device, config, dtype), decode_mode),
         is_random=True,
     )
 
