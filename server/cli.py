@@ -367,6 +367,116 @@ def _run_voices(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="load benchmark: TTFA, RTF, stalls and throughput at several stream counts (JSON + PNG)",
+        description="Streaming pcm requests to POST /v1/audio/speech, closed loop (N clients back to back) or "
+        "open loop (Poisson arrivals, at most N in flight), against --url or a server started with --model.",
+    )
+    p.add_argument("--url", default=None, help="a running server (default: start one with --model)")
+    p.add_argument("--model", default="random:llama-tiny", help="model of the started server")
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="device of the started server")
+    p.add_argument("--serve-arg", action="append", default=[], metavar="ARG", help="an extra serve argument (repeat)")
+    p.add_argument("--levels", default="1,8,32,64,128", help="comma list of stream counts")
+    p.add_argument("--mode", default="closed", choices=["closed", "open"])
+    p.add_argument("--rounds", type=int, default=2, help="closed loop: requests per client")
+    p.add_argument("--rate", type=float, default=None, help="open loop: requests per second (default: streams / 4)")
+    p.add_argument("--duration", type=float, default=20.0, help="open loop: seconds of arrivals per level")
+    p.add_argument("--max-duration", type=float, default=4.0, help="seconds of audio per request")
+    p.add_argument("--api-key", default=None, help="default: $TILEVOX_API_KEY")
+    p.add_argument("--out", type=Path, default=Path("bench.json"), help="JSON report")
+    p.add_argument("--plot", type=Path, default=None, help="PNG plot (default: the JSON path with .png)")
+    p.add_argument("--no-plot", action="store_true", help="JSON only (no matplotlib needed)")
+    p.set_defaults(handler=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    import asyncio
+    import contextlib
+    import datetime
+    import os
+
+    import httpx
+
+    from tilevox.server.bench import ServerProcess, run_level, write_report
+
+    levels = [int(x) for x in args.levels.split(",")]
+    if not levels or min(levels) < 1:
+        raise CommandError(f"--levels must be positive stream counts, got {args.levels!r}")
+    api_key = args.api_key or os.environ.get("TILEVOX_API_KEY")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        base, device = args.url, f"remote server {args.url}"
+        if base is None:
+            serve_args = ["--model", args.model, "--max-queued", str(2 * max(levels)), *args.serve_arg]
+            if args.device:
+                serve_args += ["--device", args.device]
+            log_path = args.out.with_suffix(".server.log")
+            server = stack.enter_context(ServerProcess(serve_args, log_path=log_path))
+            base = server.base_url
+            device = _device_name(args.device)
+        auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        ready = httpx.get(base + "/ready", timeout=10).json()
+        model_id = httpx.get(base + "/v1/models", headers=auth, timeout=10).json()["data"][0]["id"]
+        warm = httpx.post(
+            base + "/v1/audio/speech",
+            json={"input": "warm up", "response_format": "pcm", "max_duration_s": 0.5},
+            headers=auth,
+            timeout=600,
+        )
+        if warm.status_code != 200:
+            raise CommandError(f"the warm-up request failed: {warm.status_code} {warm.text[:200]}")
+        rate = int(warm.headers["x-sample-rate"])
+        results = []
+        for streams in levels:
+            level = asyncio.run(
+                run_level(
+                    base,
+                    streams,
+                    sample_rate_hz=rate,
+                    max_duration_s=args.max_duration,
+                    mode=args.mode,
+                    rounds=args.rounds,
+                    rate_per_s=args.rate or streams / 4,
+                    duration_s=args.duration,
+                    api_key=api_key,
+                )
+            ).summary()
+            results.append(level)
+            print(
+                f"{streams:>5} streams: TTFA p50 {level['ttfa_ms_p50']} p95 {level['ttfa_ms_p95']} ms, "
+                f"RTF p50 {level['rtf_p50']}, {level['audio_s_per_s']} audio s/s, stalls {level['stalls']}, "
+                f"errors {level['errors']}",
+                flush=True,
+            )
+    report = {
+        "benchmark": "tilevox bench",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": device,
+        "model": model_id,
+        "server_max_streams": ready.get("max_streams"),
+        "mode": args.mode,
+        "max_duration_s": args.max_duration,
+        "serve_args": args.serve_arg,
+        "ttfa_definition": "client-side, request sent -> first audio byte of a streaming pcm response",
+        "stall_definition": "a chunk arriving after a player started at the first byte has played all audio so far",
+        "levels": results,
+    }
+    png = None if args.no_plot else (args.plot or args.out.with_suffix(".png"))
+    write_report(report, args.out, png)
+    print(f"wrote {args.out}" + (f" and {png}" if png else ""))
+    return 0
+
+
+def _device_name(device: str | None) -> str:
+    import torch
+
+    if device == "cuda" or (device is None and torch.cuda.is_available()):
+        return torch.cuda.get_device_name(0)
+    return "cpu"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tilevox", description="Streaming text-to-speech for Hopper GPUs", epilog=_presets_epilog()
@@ -376,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_synth(subparsers)
     _add_serve(subparsers)
     _add_voices(subparsers)
+    _add_bench(subparsers)
     return parser
 
 

@@ -22,5 +22,6 @@ for model in random:llama-1b random:qwen3-tts-0.6b; do
       --out /tmp/x.wav --max-duration 5 --seed 0 2>&1 | tail -1 | sed "s|^|$model fused=$fused: |" | tee -a "$OUT/synth.log"
   done
 done
+# benchmarks/server_ttfa.py was replaced by `tilevox bench` (server/bench.py) after this run (2026-12-03).
 timeout 300 python3 -m benchmarks.server_ttfa --model random:qwen3-tts-0.6b --device cuda --max-streams 32 \
   --rounds 2 --out "$OUT/server_ttfa_h200.json" 2>&1 | tail -20 | tee "$OUT/server_ttfa.log"

@@ -1,0 +1,45 @@
+"""`tilevox bench`: the stall and gap arithmetic on hand-made arrival traces, and a small end-to-end run
+(closed and open loop) against a started CPU server that writes the JSON report and the PNG."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tilevox.server.bench import request_result
+from tilevox.server.cli import main
+
+RATE = 16000
+ONE_S = 2 * RATE  # bytes of one second of s16 audio
+
+
+def test_gaps_and_stalls():
+    # First audio at 0.1 s (1 s of audio), the next chunk 0.9 s later: the player still had audio.
+    smooth = request_result([(0.05, 0), (0.1, ONE_S), (1.0, ONE_S), (1.9, ONE_S)], RATE, 2.0)
+    assert smooth.ttfa_s == 0.1 and smooth.stalls == 0 and smooth.audio_s == 3.0
+    assert smooth.max_gap_s == pytest.approx(0.9)
+    # 0.5 s of audio, then nothing for 0.8 s: the buffer ran dry once; later chunks keep up.
+    stalled = request_result([(0.2, ONE_S // 2), (1.0, ONE_S), (1.5, ONE_S)], RATE, 1.6)
+    assert stalled.stalls == 1 and stalled.max_gap_s == pytest.approx(0.8)
+    assert stalled.rtf == pytest.approx(1.6 / 2.5)
+    silent = request_result([(0.1, 0)], RATE, 0.2)
+    assert silent.ttfa_s is None and silent.audio_s == 0 and silent.rtf is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["closed", "open"])
+def test_bench_writes_a_report_and_a_plot(tmp_path, capsys, mode):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--model", "random:llama-tiny", "--device", "cpu", "--levels", "1,2", "--mode", mode]
+    argv += ["--rounds", "1", "--rate", "4", "--duration", "1", "--max-duration", "0.5", "--out", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["mode"] == mode and report["model"] == "random:llama-tiny"
+    assert [lv["streams"] for lv in report["levels"]] == [1, 2]
+    for level in report["levels"]:
+        assert level["errors"] == 0 and level["requests"] >= 1
+        assert 0 < level["ttfa_ms_p50"] <= level["ttfa_ms_p95"] <= level["ttfa_ms_p99"]
+        assert level["audio_s_per_s"] > 0 and level["stalls"] >= 0
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "2 streams: TTFA p50" in capsys.readouterr().out
