@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# H200 run of the executor's CUDA graphs (issue 12, first part): the GPU tests (graph replay equals the
-# eager executor bit for bit; slot reuse), `tilevox synth` with --cuda-graphs off vs auto, and `tilevox bench`
-# (TTFA, RTF, stalls, throughput) with the graphs off vs on, side by side in one run. Carried (gitignored): .whl (Python
-# 3.12 wheels the image lacks, from `pip download --python-version 3.12 ...`; no kernel library needed).
+# H200 run of the executor's CUDA graphs (issue 12). `executor_h200.sh tests`: the GPU tests (graph replay equals
+# the eager executor bit for bit; slot reuse; capacity), `tilevox synth` with --cuda-graphs auto, and the frame
+# breakdown (benchmarks/frame_breakdown.py: step time by phase, graphs off vs on). `executor_h200.sh bench`:
+# `tilevox bench` (TTFA, RTF, stalls, throughput) with the graphs on vs off, side by side in one run.
+# Carried (gitignored): .whl (Python 3.12 wheels the image lacks, from `pip download --python-version 3.12 ...`:
+# fastapi starlette uvicorn websockets grpcio-health-checking protobuf soundfile cffi pycparser soxr pydantic
+# pydantic_core annotated-types typing-inspection anyio typing_extensions); no kernel library needed.
 set -uo pipefail
+part=${1:-tests}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 shim=/tmp/tilevox-src/tilevox  # tilevox importable without installing it (setup.py's package_dir, as symlinks)
 mkdir -p "$shim"
@@ -11,6 +15,7 @@ ln -sf "$PWD/tilevox/__init__.py" "$shim/__init__.py"
 for folder in trt_plugins models executor engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
 repo=$PWD
 export PYTHONPATH=/tmp/tilevox-src:/tmp/site:$repo PYTHONUNBUFFERED=1
+if [ "$part" = tests ]; then
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 date -u +%FT%TZ >> "$OUT/gpu.txt"
 (cd /tmp/tilevox-src && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" \
@@ -23,6 +28,10 @@ for model in random:qwen3-tts-0.6b random:llama-1b; do
       | sed "s|^|$model cuda-graphs=$graphs: |" | tee -a "$OUT/synth.log"; echo | tee -a "$OUT/synth.log"
   done
 done
+timeout 200 python3 -m benchmarks.frame_breakdown --models qwen3-tts-0.6b,llama-1b --batches 1,8,32 --graphs off,on \
+  --out "$OUT/frame_breakdown_h200.json" 2>&1 | tee "$OUT/frame_breakdown.log"
+exit 0
+fi
 bench() {  # name, then tilevox bench arguments (4 s requests, closed loop; PNGs are drawn from the JSON later)
   local name=$1; shift
   timeout 170 python3 -m tilevox.server.cli bench --device cuda --max-duration 4 --rounds 2 --no-plot \

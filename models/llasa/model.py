@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from tilevox.models.errors import RequestError
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
@@ -187,7 +188,8 @@ class LlasaModel(SpeechModel):
         slot = self._cache.allocate()
         try:
             prompt = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
-            logits = self.llama.prefill(self._cache, slot, prompt)
+            with record_function("tilevox.prefill"):
+                logits = self.llama.prefill(self._cache, slot, prompt)
         except BaseException:
             self._cache.free(slot)
             raise
@@ -214,15 +216,16 @@ class LlasaModel(SpeechModel):
         if not ids:
             return []
         streams = [self._streams[i] for i in ids]
-        logits = torch.stack([s.pending_logits for s in streams]).float() + self._logit_mask  # (B, V)
-        tokens = sample_tokens(
-            logits,
-            [s.params for s in streams],
-            [s.generator for s in streams],
-            [s.generated[: s.num_generated] for s in streams],
-            stop_token_ids=(self.tokenizer.speech_end_id,),
-        )  # (B,)
-        token_list = tokens.tolist()
+        with record_function("tilevox.sampling"):
+            logits = torch.stack([s.pending_logits for s in streams]).float() + self._logit_mask  # (B, V)
+            tokens = sample_tokens(
+                logits,
+                [s.params for s in streams],
+                [s.generator for s in streams],
+                [s.generated[: s.num_generated] for s in streams],
+                stop_token_ids=(self.tokenizer.speech_end_id,),
+            )  # (B,)
+            token_list = tokens.tolist()
         chunks: list[AudioChunk] = []
         going_on: list[int] = []  # batch rows that continue to the decode below
         for row, (stream_id, stream, token) in enumerate(zip(ids, streams, token_list)):
@@ -234,7 +237,8 @@ class LlasaModel(SpeechModel):
                 continue
             stream.generated[stream.num_generated] = tokens[row]
             stream.num_generated += 1
-            samples = stream.codec.push(tokens[row : row + 1] - self.tokenizer.speech_offset)
+            with record_function("tilevox.codec_decode"):
+                samples = stream.codec.push(tokens[row : row + 1] - self.tokenizer.speech_offset)
             if stream.num_generated >= stream.max_new_tokens:
                 samples = np.concatenate([samples, stream.codec.flush()])
                 chunks.append(AudioChunk(stream_id, samples, 1, FinishReason.LENGTH))
@@ -245,7 +249,8 @@ class LlasaModel(SpeechModel):
         if going_on:
             slots = [streams[row].slot for row in going_on]
             decode = self.decoder_step_backend or self.llama.decode
-            next_logits = decode(self._cache, slots, tokens[going_on])  # (B', V), one batched call
+            with record_function("tilevox.decoder_step"):
+                next_logits = decode(self._cache, slots, tokens[going_on])  # (B', V), one batched call
             for out_row, row in enumerate(going_on):
                 streams[row].pending_logits = next_logits[out_row]
         return chunks

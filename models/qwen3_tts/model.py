@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from tilevox.models.errors import RequestError
 from tilevox.models.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig, TtsModelType
@@ -386,7 +387,10 @@ class Qwen3TTSSpeechModel(SpeechModel):
                 kv_len=longest,
                 write_offset=0,
             )
-            hidden, logits = self.talker.forward_prompts(inputs, view, torch.tensor(lengths, device=self.device) - 1)
+            with record_function("tilevox.prefill"):
+                hidden, logits = self.talker.forward_prompts(
+                    inputs, view, torch.tensor(lengths, device=self.device) - 1
+                )
             streams = []
             for row, (p, slot) in enumerate(zip(prepared, slots)):
                 streams.append(
@@ -483,18 +487,19 @@ class Qwen3TTSSpeechModel(SpeechModel):
         hidden = torch.stack([s.hidden for s in streams])  # (B, H)
         code0 = torch.stack([s.code0 for s in streams])  # (B,)
         code0_embedding, choose = self.talker.embed_codec(code0), self._predictor_chooser(streams)
-        if self.code_predictor_loop_backend is None:
-            rest = self.talker.code_predictor.predict(hidden, code0_embedding, choose)  # (B, Q-1)
-        else:
-            # A backend that samples on the device draws from (stream seed, frame x heads + head): see
-            # PredictorRows. The streams' torch generators are then not advanced by predictor draws.
-            heads = self.talker.code_predictor.num_steps
-            rows = PredictorRows(
-                params=tuple(s.predictor_params for s in streams),
-                seeds=tuple(s.generator.initial_seed() for s in streams),
-                rng_offsets=tuple(s.num_steps * heads for s in streams),
-            )
-            rest = self.code_predictor_loop_backend(hidden, code0_embedding, choose, rows)
+        with record_function("tilevox.code_predictor_loop"):
+            if self.code_predictor_loop_backend is None:
+                rest = self.talker.code_predictor.predict(hidden, code0_embedding, choose)  # (B, Q-1)
+            else:
+                # A backend that samples on the device draws from (stream seed, frame x heads + head): see
+                # PredictorRows. The streams' torch generators are then not advanced by predictor draws.
+                heads = self.talker.code_predictor.num_steps
+                rows = PredictorRows(
+                    params=tuple(s.predictor_params for s in streams),
+                    seeds=tuple(s.generator.initial_seed() for s in streams),
+                    rng_offsets=tuple(s.num_steps * heads for s in streams),
+                )
+                rest = self.code_predictor_loop_backend(hidden, code0_embedding, choose, rows)
         frames = torch.cat((code0[:, None], rest), dim=1)  # (B, Q)
         text_rows = torch.stack(
             [
@@ -511,9 +516,11 @@ class Qwen3TTSSpeechModel(SpeechModel):
             kv_len=max(s.position for s in streams) + 1,
         )
         forward = self.talker_step_backend or self.talker.forward_tokens
-        new_hidden, logits = forward(inputs[:, None], view)
-        next_code0 = self._sample_talker(streams, logits)
-        is_eos = (next_code0 == self._eos).tolist()
+        with record_function("tilevox.talker_step"):
+            new_hidden, logits = forward(inputs[:, None], view)
+        with record_function("tilevox.talker_sampling"):
+            next_code0 = self._sample_talker(streams, logits)
+            is_eos = (next_code0 == self._eos).tolist()
 
         finish: list[FinishReason | None] = []
         for row, s in enumerate(streams):
@@ -530,13 +537,14 @@ class Qwen3TTSSpeechModel(SpeechModel):
                 finish.append(FinishReason.LENGTH)
             else:
                 finish.append(None)
-        audio = self._decode_pending(
-            [
-                s
-                for s, f in zip(streams, finish)
-                if f is not None or len(s.pending_frames) >= self.options.audio_every_frames
-            ]
-        )
+        with record_function("tilevox.codec_decode"):
+            audio = self._decode_pending(
+                [
+                    s
+                    for s, f in zip(streams, finish)
+                    if f is not None or len(s.pending_frames) >= self.options.audio_every_frames
+                ]
+            )
         chunks = {}
         for s, f in zip(streams, finish):
             samples = audio.get(s.stream_id, np.zeros(0, dtype=np.float32))

@@ -1,0 +1,215 @@
+"""Where a served frame's time goes: `SpeechModel.step` of B open streams, whole and by phase.
+
+For each model, batch size and executor setting (--cuda-graphs off: every op eager; on: the executor's
+CUDA-graph regions) this opens B streams with long texts, runs warm-up steps (graph capture happens there),
+then times `step` twice:
+
+- whole steps, as the server runs them (no extra syncs): wall clock per step with one sync after it;
+- by phase: the models label their phases with `torch.profiler.record_function("tilevox.<phase>")`; here
+  that name is replaced by a timer that synchronizes the device before and after each phase, so each
+  phase's time includes its launches and its GPU work. What the phases leave out ("host, outside phases")
+  is the step's Python bookkeeping. The synced run is slower than the whole one: it shows shares, the
+  whole-step median shows the speed.
+
+Streams that finish are replaced (outside the timed steps) so every step has B streams. Prints a table,
+writes JSON (device, date, commit, torch). CPU smoke run: --device cpu --models llama-tiny --batches 1,2
+--steps 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import commit, device_name
+from tilevox.models.registry import load_model, parse_dtype
+from tilevox.models.streaming import SynthesisRequest
+
+# Modules whose phases are labelled with record_function (each imports the name, so each is patched).
+LABELLED_MODULES = ("tilevox.models.qwen3_tts.model", "tilevox.models.llasa.model")
+TEXT = (
+    "Streaming speech synthesis on a Hopper GPU, one frame at a time, for as long as the benchmark needs "
+    "it to go on, with many streams sharing every step of the model. "
+) * 8
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PhaseTimer:
+    """Stands in for `record_function` in the labelled modules: sync, time, sync, add."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.totals: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        _sync(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            _sync(self.device)
+            self.totals[name.removeprefix("tilevox.")] += (time.perf_counter() - start) * 1e3
+
+
+@contextlib.contextmanager
+def phases_timed(timer: PhaseTimer):
+    modules = [sys.modules[name] for name in LABELLED_MODULES if name in sys.modules]
+    saved = [module.record_function for module in modules]
+    for module in modules:
+        module.record_function = timer
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, saved):
+            module.record_function = original
+
+
+class Streams:
+    """B open streams; a finished one is replaced by a new one before the next step."""
+
+    def __init__(self, model, batch: int, max_duration_s: float):
+        self.model, self.max_duration_s, self.opened = model, max_duration_s, 0
+        self.ids: list[int] = self._open(batch)
+        self.finished: set[int] = set()
+
+    def _open(self, count: int) -> list[int]:
+        requests = [
+            SynthesisRequest(text=TEXT, seed=self.opened + i, max_duration_s=self.max_duration_s) for i in range(count)
+        ]
+        self.opened += count
+        ids = self.model.open_streams(requests)
+        for stream_id in ids:
+            if isinstance(stream_id, Exception):
+                raise stream_id
+        return ids
+
+    def step(self) -> None:
+        self.finished = {chunk.stream_id for chunk in self.model.step(self.ids) if chunk.is_finished}
+
+    def refill(self) -> None:
+        """Replace the streams the last step finished (outside the timed spans)."""
+        for stream_id in self.finished:
+            self.model.close(stream_id)
+        self.ids = [i for i in self.ids if i not in self.finished] + self._open(len(self.finished))
+        self.finished = set()
+
+    def close(self) -> None:
+        for stream_id in self.ids:
+            self.model.close(stream_id)
+
+
+def measure(model, batch: int, *, warmup: int, steps: int, max_duration_s: float) -> dict:
+    device = model.device
+    streams = Streams(model, batch, max_duration_s)
+    try:
+        for _ in range(warmup):
+            streams.step()
+            streams.refill()
+        _sync(device)
+        whole = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            streams.step()
+            _sync(device)
+            whole.append((time.perf_counter() - start) * 1e3)
+            streams.refill()
+        per_step: list[dict[str, float]] = []
+        synced = []
+        for _ in range(steps):
+            timer = PhaseTimer(device)
+            with phases_timed(timer):
+                start = time.perf_counter()
+                streams.step()
+                _sync(device)
+                synced.append((time.perf_counter() - start) * 1e3)
+            per_step.append(dict(timer.totals))
+            streams.refill()
+    finally:
+        streams.close()
+    names = sorted({name for step in per_step for name in step})
+    phases = {name: statistics.median(step.get(name, 0.0) for step in per_step) for name in names}
+    phases["host, outside phases"] = statistics.median(
+        total - sum(step.values()) for total, step in zip(synced, per_step)
+    )
+    step_ms = statistics.median(whole)
+    frame_s = 1.0 / model.frame_rate_hz
+    return {
+        "batch": batch,
+        "step_ms_median": step_ms,
+        "step_ms_min": min(whole),
+        "step_ms_synced_median": statistics.median(synced),
+        "phases_ms_median": phases,
+        "audio_s_per_s": batch * frame_s / (step_ms * 1e-3),
+        "real_time_per_stream": frame_s * 1e3 / step_ms,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="qwen3-tts-0.6b,llama-1b", help="random presets, comma separated")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--graphs", default="off,on", help="executor settings to compare: off, on or both")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default=None, help="default: bf16 on cuda, fp32 on cpu")
+    parser.add_argument("--warmup", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--max-duration", type=float, default=60.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = parse_dtype(args.dtype or ("bf16" if device.type == "cuda" else "fp32"))
+    rows = []
+    for preset in args.models.split(","):
+        for graphs in args.graphs.split(","):
+            model = load_model(f"random:{preset}", device=device, dtype=dtype)
+            if graphs == "on":
+                from tilevox.executor import install_graph_regions
+
+                install_graph_regions(model)
+            for batch in (int(b) for b in args.batches.split(",")):
+                row = {"model": preset, "graphs": graphs} | measure(
+                    model, batch, warmup=args.warmup, steps=args.steps, max_duration_s=args.max_duration
+                )
+                rows.append(row)
+                phases = ", ".join(f"{k} {v:.2f}" for k, v in row["phases_ms_median"].items())
+                print(
+                    f"{preset:16s} graphs={graphs:3s} B={batch:3d}  step {row['step_ms_median']:7.2f} ms  "
+                    f"{row['audio_s_per_s']:7.1f} audio s/s  x{row['real_time_per_stream']:.2f} real time  "
+                    f"| synced {row['step_ms_synced_median']:.2f} ms: {phases}",
+                    flush=True,
+                )
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    report = {
+        "benchmark": "frame_breakdown",
+        "device": device_name(device.type),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": commit(),
+        "torch": torch.__version__,
+        "dtype": str(dtype),
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "rows": rows,
+    }
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
