@@ -28,9 +28,11 @@ from tilevox.executor.sampling import sample_rows
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
+    CODEC_DECODE,
     DECODER_STEP,
     TALKER_STEP,
     PredictorRows,
+    codec_region_names,
     region_module,
     region_names,
     set_region_backend,
@@ -43,6 +45,7 @@ __all__ = [
     "MIN_KEY_BUCKET",
     "GraphOptions",
     "GraphedCodePredictorLoop",
+    "GraphedCodecDecode",
     "GraphedDecoderStep",
     "GraphedTalkerStep",
     "batch_bucket",
@@ -297,21 +300,57 @@ class GraphedDecoderStep(_GraphBackend):
         return logits[:batch].clone()
 
 
+class GraphedCodecDecode(_GraphBackend):
+    """SpeechTokenizerDecoder.decode_slots of n new frames per row (the CodecDecodeBackend protocol): the
+    rows' states are gathered from the pool, decoded and scattered back inside one graph per (batch
+    bucket, n). Padding rows repeat row 0 (same codes, same slot: they write row 0's new state again)."""
+
+    name = CODEC_DECODE
+
+    def __init__(self, decoder: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
+        super().__init__(decoder, options)
+        self.decoder = decoder
+        self._pool = None
+
+    def __call__(self, codes: torch.Tensor, pool, slots: torch.Tensor) -> torch.Tensor:
+        batch, _, frames = codes.shape
+        reason = None
+        if batch > self.options.max_batch:
+            reason = f"batch {batch} above max_batch {self.options.max_batch}"
+        elif self._pool is not None and pool is not self._pool:
+            reason = "another codec-state pool than the one the graphs were captured on"
+        if reason is not None:
+            self._fallback(reason)
+            return self.decoder.decode_slots(codes, pool, slots)
+        self._pool = pool
+        bucket, index = self._rows(batch)
+        decoder = self.decoder
+
+        def decode(codes: torch.Tensor, slots: torch.Tensor):
+            return decoder.decode_slots(codes, pool, slots)
+
+        self.keys_used.add((bucket, frames))
+        wav = self.graphs.run((bucket, frames), decode, {"codes": codes.to(torch.int64)[index], "slots": slots[index]})
+        self.num_graph_calls += 1
+        return wav[:batch].clone()
+
+
 # Region name (models.region_backends) -> the graph backend that runs it; each takes the region's network.
 GRAPH_BACKENDS: dict[str, type[_GraphBackend]] = {
     DECODER_STEP: GraphedDecoderStep,
     TALKER_STEP: GraphedTalkerStep,
     CODE_PREDICTOR_LOOP: GraphedCodePredictorLoop,
+    CODEC_DECODE: GraphedCodecDecode,
 }
 
 
 def install_graph_regions(
     model: object, names: Iterable[str] | None = None, options: GraphOptions = GraphOptions()
 ) -> dict[str, str | None]:
-    """Route each region in `names` (default: all the model's regions) through its graph backend.
+    """Route each region in `names` (default: all the model's decoder and codec regions) through its graph backend.
     Returns name -> None (installed) or the reason it stays as it was (also logged)."""
     result: dict[str, str | None] = {}
-    for name in region_names(model) if names is None else names:
+    for name in (*region_names(model), *codec_region_names(model)) if names is None else names:
         backend_class = GRAPH_BACKENDS.get(name)
         if backend_class is None:
             result[name] = f"no graph backend for region {name!r}"

@@ -4,7 +4,9 @@ A model lists the regions it exposes in its class attribute `region_names` and n
 one runs in `region_modules()` (a network that implements models.decoder_view); each region has an
 instance attribute `<name>_backend`, None for the conventional PyTorch path. A backend is a callable
 with the same signature and results as the conventional call it replaces (the Protocols below), so
-models stay unaware of what runs it. Imports: torch, models.sampling (model types only for typing).
+models stay unaware of what runs it. Codec regions (class attribute `codec_region_names`, networks in
+`codec_region_modules()`) are run the same way but are no decoder networks: the executor runs them,
+the region compiler does not compile them. Imports: torch, models.sampling (model types only for typing).
 """
 
 from __future__ import annotations
@@ -20,18 +22,23 @@ from tilevox.models.sampling import SamplingParams
 if TYPE_CHECKING:
     from tilevox.models.llama.model import LlamaKVCache
     from tilevox.models.qwen3_tts.layers import CacheView
+    from tilevox.models.qwen3_tts.speech_tokenizer.decoder import DecoderState
 
 __all__ = [
+    "CODEC_DECODE",
     "CODE_PREDICTOR_LOOP",
     "DECODER_STEP",
     "LLASA_REGIONS",
+    "QWEN3_TTS_CODEC_REGIONS",
     "QWEN3_TTS_REGIONS",
     "TALKER_STEP",
     "CodePredictorLoopBackend",
+    "CodecDecodeBackend",
     "DecoderStepBackend",
     "PredictorRows",
     "TalkerStepBackend",
     "backend_attribute",
+    "codec_region_names",
     "region_module",
     "region_names",
     "set_region_backend",
@@ -40,9 +47,11 @@ __all__ = [
 DECODER_STEP = "decoder_step"  # Llasa: one batched Llama decode (embed, layers, head) -> logits
 TALKER_STEP = "talker_step"  # Qwen3-TTS: one talker forward of one position with the codec head
 CODE_PREDICTOR_LOOP = "code_predictor_loop"  # Qwen3-TTS: codebooks 1..Q-1 of one frame
+CODEC_DECODE = "codec_decode"  # Qwen3-TTS: incremental codec decode of new frames for a batch of state slots
 
 LLASA_REGIONS: tuple[str, ...] = (DECODER_STEP,)
 QWEN3_TTS_REGIONS: tuple[str, ...] = (TALKER_STEP, CODE_PREDICTOR_LOOP)
+QWEN3_TTS_CODEC_REGIONS: tuple[str, ...] = (CODEC_DECODE,)
 
 
 class DecoderStepBackend(Protocol):
@@ -90,16 +99,34 @@ class CodePredictorLoopBackend(Protocol):
     ) -> torch.Tensor: ...
 
 
+class CodecDecodeBackend(Protocol):
+    """As SpeechTokenizerDecoder.decode_slots: codes (B, Q, n) of the streams whose codec states are rows
+    `slots` (B,) long of `pool` -> samples (B, n * samples_per_frame); those rows advance in place."""
+
+    def __call__(self, codes: torch.Tensor, pool: DecoderState, slots: torch.Tensor) -> torch.Tensor: ...
+
+
+def codec_region_names(model: object) -> tuple[str, ...]:
+    """The codec regions `model` lets the executor run (empty for models without them)."""
+    return tuple(getattr(type(model), "codec_region_names", ()))
+
+
 def region_names(model: object) -> tuple[str, ...]:
     """The regions `model` lets another executor run (empty for models without hooks)."""
     return tuple(getattr(type(model), "region_names", ()))
 
 
-def region_module(model: object, name: str) -> torch.nn.Module:
-    """The network that region `name` of `model` runs (what a region compiler compiles)."""
-    names = region_names(model)
+def _check_region(model: object, name: str) -> None:
+    names = (*region_names(model), *codec_region_names(model))
     if name not in names:
         raise ValueError(f"{type(model).__name__} has no region {name!r}; its regions: {', '.join(names) or '(none)'}")
+
+
+def region_module(model: object, name: str) -> torch.nn.Module:
+    """The network that region `name` of `model` runs (a decoder region's is what a region compiler compiles)."""
+    _check_region(model, name)
+    if name in codec_region_names(model):
+        return model.codec_region_modules()[name]
     return model.region_modules()[name]
 
 
@@ -109,7 +136,5 @@ def backend_attribute(name: str) -> str:
 
 def set_region_backend(model: object, name: str, backend: Callable | None) -> None:
     """Route region `name` of `model` through `backend` (None: back to the conventional path)."""
-    names = region_names(model)
-    if name not in names:
-        raise ValueError(f"{type(model).__name__} has no region {name!r}; its regions: {', '.join(names) or '(none)'}")
+    _check_region(model, name)
     setattr(model, backend_attribute(name), backend)

@@ -24,12 +24,16 @@ from tilevox.models.errors import RequestError
 from tilevox.models.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig, TtsModelType
 from tilevox.models.qwen3_tts.layers import CacheView, KVCache
 from tilevox.models.qwen3_tts.prompt import PromptSpec, TextLayout, build_layout, embed_layout
+from tilevox.models.qwen3_tts.speech_tokenizer.decoder import DecoderState
 from tilevox.models.qwen3_tts.talker import Talker
 from tilevox.models.qwen3_tts.tokenizer import TextTokenizer
 from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
+    CODEC_DECODE,
+    QWEN3_TTS_CODEC_REGIONS,
     QWEN3_TTS_REGIONS,
     TALKER_STEP,
+    CodecDecodeBackend,
     CodePredictorLoopBackend,
     PredictorRows,
     TalkerStepBackend,
@@ -100,7 +104,7 @@ class _Stream:
     generated: torch.Tensor  # (max_tokens,) long buffer of sampled codebook-0 tokens
     num_generated: int
     max_tokens: int
-    decoder_state: object
+    decoder_state: object  # official_chunked: its ChunkedDecoderState; exact: None (row `slot` of the codec pool)
     pending_frames: list[torch.Tensor] = field(default_factory=list)  # (Q,) codes awaiting decode
     num_steps: int = 0
 
@@ -127,9 +131,14 @@ class Qwen3TTSSpeechModel(SpeechModel):
     # Regions another executor may run (models.region_backends): the talker decode step with its codec
     # head, and the whole code-predictor loop of a frame.
     region_names = QWEN3_TTS_REGIONS
+    # The codec decode of a batch of streams' new frames (exact decode mode), from the codec-state pool.
+    codec_region_names = QWEN3_TTS_CODEC_REGIONS
 
     def region_modules(self) -> dict[str, nn.Module]:
         return qwen3_tts_region_modules(self.talker)
+
+    def codec_region_modules(self) -> dict[str, nn.Module]:
+        return {CODEC_DECODE: self.codec_decoder}
 
     def __init__(
         self,
@@ -166,6 +175,11 @@ class Qwen3TTSSpeechModel(SpeechModel):
         self.dtype = param.dtype
         self.cache: KVCache = self.talker.new_cache(num_slots=options.max_streams, max_len=options.max_seq_len)
         self._free_slots = list(range(options.max_streams))
+        # Exact decode mode: every stream's codec state is row `slot` of one pool, so a batch of streams
+        # decodes with one gather, one decode and one scatter (a capturable region, CODEC_DECODE).
+        self._codec_pool: DecoderState | None = (
+            None if options.decode_mode == "official_chunked" else self.codec_decoder.new_state(options.max_streams)
+        )
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count()
         self.logit_observer: LogitObserver | None = None  # test/debug hooks
@@ -175,6 +189,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
         # models.region_backends.set_region_backend.
         self.talker_step_backend: TalkerStepBackend | None = None
         self.code_predictor_loop_backend: CodePredictorLoopBackend | None = None
+        self.codec_decode_backend: CodecDecodeBackend | None = None  # codec_decoder.decode_slots
         tc = config.talker
         self._eos = tc.codec_eos_token_id
         # The official generate() suppresses the top 1024 codec ids except EOS.
@@ -410,6 +425,10 @@ class Qwen3TTSSpeechModel(SpeechModel):
                         decoder_state=p.decoder_state,
                     )
                 )
+            if self._codec_pool is not None:  # each stream's fresh (or voice-primed) codec state into its row
+                self._codec_pool.put(slots, DecoderState.cat([p.decoder_state for p in prepared]))
+                for stream in streams:
+                    stream.decoder_state = None
             first = self._sample_talker(streams, logits)
         except BaseException:
             self._free_slots = sorted(self._free_slots + slots)
@@ -560,8 +579,8 @@ class Qwen3TTSSpeechModel(SpeechModel):
 
     def _decode_pending(self, streams: Sequence[_Stream]) -> dict[int, np.ndarray]:
         """Incremental decode of each stream's pending frames. Exact mode: streams with the same number
-        of pending frames decode as one batch (states merged and split again); official_chunked: one
-        stream at a time (ChunkedDecoderState)."""
+        of pending frames decode as one batch from their rows of the codec-state pool (the codec_decode
+        region); official_chunked: one stream at a time (ChunkedDecoderState)."""
         out: dict[int, np.ndarray] = {}
         by_count: dict[int, list[_Stream]] = {}
         for s in streams:
@@ -575,14 +594,10 @@ class Qwen3TTSSpeechModel(SpeechModel):
             codes = torch.stack([torch.stack(s.pending_frames, dim=1) for s in group])  # (B, Q, n)
             if self.options.decode_mode == "official_chunked":
                 wav = self.codec_decoder.decode_incremental_chunked(codes, group[0].decoder_state)
-            elif len(group) == 1:
-                state = group[0].decoder_state
-                wav = self.codec_decoder.decode_incremental(codes, state)
             else:
-                state = type(group[0].decoder_state).cat([s.decoder_state for s in group])
-                wav = self.codec_decoder.decode_incremental(codes, state)
-                for row, s in enumerate(group):
-                    s.decoder_state = state.select([row])
+                slots = torch.tensor([s.slot for s in group], device=self.device)
+                decode = self.codec_decode_backend or self.codec_decoder.decode_slots
+                wav = decode(codes, self._codec_pool, slots)
             wav = wav.float().cpu().numpy()
             for row, s in enumerate(group):
                 out[s.stream_id] = wav[row]

@@ -18,7 +18,7 @@ from tilevox.executor.graphs import LOGGER_NAME, MIN_KEY_BUCKET, batch_bucket, k
 from tilevox.models.llasa.loader import load_preset as load_llasa
 from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
 from tilevox.models.qwen3_tts.model import ModelOptions
-from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, TALKER_STEP
+from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, CODEC_DECODE, DECODER_STEP, TALKER_STEP
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest, synthesize
 
@@ -49,14 +49,18 @@ def test_buckets():
 
 
 def test_qwen3_executor_equals_the_plain_path():
-    """Talker step and predictor loop: same frames, audio within 1e-5, over more than 256 positions so
-    that both key buckets of a 400-position cache (256, then 400) are used."""
+    """Talker step, predictor loop and codec decode: same frames, audio within 1e-5, over more than 256
+    positions so that both key buckets of a 400-position cache (256, then 400) are used."""
     request = _greedy("Good morning, this runs long enough to cross a key bucket.", 22.0)
     frames: dict[str, list[torch.Tensor]] = {"plain": [], "executor": []}
     model = _qwen3()
     model.frame_observer = lambda _sid, codes: frames["plain"].append(codes)
     plain = synthesize(model, request)
-    assert install_graph_regions(model, options=EAGER) == {TALKER_STEP: None, CODE_PREDICTOR_LOOP: None}
+    assert install_graph_regions(model, options=EAGER) == {
+        TALKER_STEP: None,
+        CODE_PREDICTOR_LOOP: None,
+        CODEC_DECODE: None,
+    }
     model.frame_observer = lambda _sid, codes: frames["executor"].append(codes)
     got = synthesize(model, request)
     assert len(frames["plain"]) > 200
@@ -65,6 +69,31 @@ def test_qwen3_executor_equals_the_plain_path():
     np.testing.assert_allclose(got.samples, plain.samples, atol=1e-5, rtol=0)
     assert model.talker_step_backend.num_graph_calls == plain.num_frames
     assert model.code_predictor_loop_backend.num_graph_calls == plain.num_frames
+    assert model.codec_decode_backend.num_graph_calls == plain.num_frames  # one frame per call by default
+    assert model.codec_decode_backend.keys_used == {(1, 1)}
+
+
+def test_batched_codec_decode_equals_each_stream_alone():
+    """Streams of different lengths joining and leaving: each one's audio through the executor's codec
+    decode (padded to a batch bucket, rows of the pool) equals its audio decoded alone on the plain path."""
+    requests = [_greedy(f"Codec stream {n} " * (n + 1), 0.6 + 0.3 * n) for n in range(3)]
+    alone = [synthesize(_qwen3(), r).samples for r in requests]
+    model = _qwen3()
+    install_graph_regions(model, [CODEC_DECODE], EAGER)
+    ids = [model.open_stream(requests[0])]
+    audio: dict[int, list[np.ndarray]] = {ids[0]: []}
+    steps = 0
+    while live := [i for i in ids if i in model.open_stream_ids]:
+        steps += 1
+        if steps in (3, 6):  # join mid-way, beside running streams
+            ids.append(model.open_stream(requests[len(ids)]))
+            audio[ids[-1]] = []
+            live.append(ids[-1])
+        for chunk in model.step(live):
+            audio[chunk.stream_id].append(chunk.samples)
+    for n, stream_id in enumerate(ids):
+        np.testing.assert_allclose(np.concatenate(audio[stream_id]), alone[n], atol=1e-5, rtol=0)
+    assert {bucket for bucket, _ in model.codec_decode_backend.keys_used} >= {1, 2, 4}  # 3 streams: bucket 4
 
 
 def test_llasa_executor_equals_the_plain_path():
@@ -122,8 +151,9 @@ def test_calls_it_cannot_take_run_the_plain_path_and_say_why(caplog):
     model.step(ids)
     model.step(ids)
     messages = [r.getMessage() for r in caplog.records if r.name == LOGGER_NAME]
-    assert sum("batch 2 above max_batch 1" in m for m in messages) == 2  # once per region, not per call
+    assert sum("batch 2 above max_batch 1" in m for m in messages) == 3  # once per region, not per call
     assert model.talker_step_backend.num_conventional_calls == 2
+    assert model.codec_decode_backend.num_conventional_calls == 2
     penalised = SynthesisRequest(
         text="Penalty", sampling=SamplingParams(temperature=0.9, repetition_penalty=1.3), max_duration_s=1.0
     )

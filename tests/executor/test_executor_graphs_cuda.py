@@ -1,6 +1,6 @@
 """The executor's CUDA graphs on a GPU (skipped without one): replaying captured graphs gives bit for bit
 what the same executor computes eagerly at the same batch composition (padding rows included), for
-Qwen3-TTS (talker step and code-predictor loop with on-device sampling) and Llasa (decoder step), and
+Qwen3-TTS (talker step, code-predictor loop with on-device sampling, codec decode from the state pool) and Llasa (decoder step), and
 a stream that reuses a slot gets exactly what it gets in a fresh model."""
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ def test_qwen3_graphs_equal_the_eager_executor(num_streams):
     _same(_run(graph_model, requests, "frame_observer"), _run(eager_model, requests, "frame_observer"))
     assert graph_model.talker_step_backend.graphs.num_graphs >= 1
     assert graph_model.code_predictor_loop_backend.graphs.num_graphs >= 1
+    assert graph_model.codec_decode_backend.graphs.num_graphs >= 1
     assert graph_model.talker_step_backend.num_conventional_calls == 0
 
 

@@ -72,6 +72,15 @@ class DecoderState:
         index = torch.as_tensor(rows, dtype=torch.long, device=self.positions.device)
         return self._map(lambda t: t.index_select(0, index))
 
+    def put(self, rows: Sequence[int] | torch.Tensor, other: DecoderState) -> None:
+        """Write `other`'s rows into rows `rows` of this state, in place (the inverse of `select`)."""
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.positions.device)
+        for mine, theirs in zip(self._tensors(), other._tensors(), strict=True):
+            mine.index_copy_(0, index, theirs)
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [*self.conv_tails, *self.trans_overlaps, *self.keys, *self.values, self.positions]
+
     @staticmethod
     def cat(states: Sequence[DecoderState]) -> DecoderState:
         """Stack states of separate batches (e.g. independent streams) along the batch."""
@@ -503,6 +512,17 @@ class SpeechTokenizerDecoder(nn.Module):
             h = module.step(h, state)
         state.positions.add_(codes.shape[-1])
         return h.clamp(-1.0, 1.0)[:, 0]
+
+    def decode_slots(self, codes: torch.Tensor, pool: DecoderState, slots: torch.Tensor) -> torch.Tensor:
+        """`decode_incremental` of the rows `slots` (B,) long of a state pool (one row per stream slot):
+        gathers their states, decodes the next n frames (B, Q, n) and writes the states back, with fixed
+        shapes and no host sync (capturable). Returns (B, n * samples_per_frame)."""
+        if slots.dim() != 1 or slots.shape[0] != codes.shape[0]:
+            raise ValueError(f"slots must be ({codes.shape[0]},), got {tuple(slots.shape)}")
+        state = pool.select(slots)
+        wav = self.decode_incremental(codes, state)
+        pool.put(slots, state)
+        return wav
 
     def new_chunked_state(
         self,

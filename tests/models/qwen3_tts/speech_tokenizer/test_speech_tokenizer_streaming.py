@@ -97,6 +97,43 @@ def test_streams_at_different_offsets_step_together(tiny):
     assert (tail - full_b[..., 30 * SPF :]).abs().max().item() <= TOL
 
 
+@torch.no_grad()
+def test_decode_slots_decodes_rows_of_a_pool_and_leaves_the_others(tiny):
+    """Streams whose states are rows of one pool (as the model keeps them), stepped in varying groups and
+    orders, each decode to their full decode; rows no call names stay exactly as they were."""
+    config, decoder, _, _ = tiny
+    pool = decoder.new_state(6)
+    for tensor in (*pool.keys, *pool.conv_tails):  # poison: a row's state must come from its own decodes
+        tensor.normal_()
+    fresh = decoder.new_state(3)
+    pool.put([4, 1, 2], fresh)
+    others = pool.select([0, 3, 5])  # rows no call names
+    codes = {slot: _random_codes(config, batch=1, frames=40, seed=30 + slot) for slot in (4, 1, 2)}
+    done = dict.fromkeys(codes, 0)
+    pieces: dict[int, list[torch.Tensor]] = {slot: [] for slot in codes}
+    generator = torch.Generator().manual_seed(3)
+    while any(n < 40 for n in done.values()):
+        group = [slot for slot in codes if done[slot] < 40 and torch.rand((), generator=generator) < 0.7]
+        group = [group[i] for i in torch.randperm(len(group), generator=generator).tolist()]
+        if not group:
+            continue
+        n = min(int(torch.randint(1, 4, (), generator=generator)), *(40 - done[slot] for slot in group))
+        step = torch.cat([codes[slot][..., done[slot] : done[slot] + n] for slot in group])
+        out = decoder.decode_slots(step, pool, torch.tensor(group))
+        assert out.shape == (len(group), n * SPF)
+        for row, slot in enumerate(group):
+            pieces[slot].append(out[row : row + 1])
+            done[slot] += n
+    for slot in codes:
+        got = torch.cat(pieces[slot], dim=-1)
+        assert (got - decoder(codes[slot])).abs().max().item() <= TOL
+    assert pool.positions.tolist() == [0, 40, 40, 0, 40, 0]
+    for mine, theirs in zip(pool.select([0, 3, 5])._tensors(), others._tensors(), strict=True):
+        assert torch.equal(mine, theirs)
+    with pytest.raises(ValueError, match="slots must be"):
+        decoder.decode_slots(codes[4][..., :1], pool, torch.tensor([1, 2]))
+
+
 def test_incremental_rejects_bad_input(tiny):
     _, decoder, codes, _ = tiny
     state = decoder.new_state(2)
