@@ -25,7 +25,10 @@ def free_port() -> int:
 
 
 def commit() -> str:
-    """The checkout's short commit, with `-dirty` when it has uncommitted changes."""
+    """The checkout's short commit, with `-dirty` when it has uncommitted changes; $TILEVOX_COMMIT where the
+    copy has no git history (the device machine)."""
+    if os.environ.get("TILEVOX_COMMIT"):
+        return os.environ["TILEVOX_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True

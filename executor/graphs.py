@@ -89,9 +89,10 @@ def key_bucket(num_keys: int, limit: int) -> int:
 
 
 class _Graphs:
-    """Captured graphs by key. run() copies inputs into the key's static buffers and replays; the first
-    call of a key warms the function up on a side stream (its writes are the ones the replay repeats),
-    then captures it. All graphs of one backend share a memory pool (they never run concurrently)."""
+    """Captured graphs by key. run() copies inputs into the key's static buffers and replays. The first
+    call of a key runs the function once eagerly on a side stream (the warm-up; its result is that call's
+    result, so a function that advances state, like a codec decode, runs exactly once per call), then
+    captures it. All graphs of one backend share a memory pool (they never run concurrently)."""
 
     def __init__(self, device: torch.device, capture: bool) -> None:
         self.device = device
@@ -108,7 +109,8 @@ class _Graphs:
             return fn(**inputs)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = self._capture(fn, inputs)
+            self._entries[key], result = self._capture(fn, inputs)
+            return result
         static, graph, out = entry
         for name, tensor in inputs.items():
             static[name].copy_(tensor)
@@ -121,14 +123,14 @@ class _Graphs:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
-            fn(**static)
+            result = fn(**static)  # this call's result: capturing below runs nothing
         current.wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = fn(**static)
-        return static, graph, out
+        return (static, graph, out), result
 
 
 class _GraphBackend:

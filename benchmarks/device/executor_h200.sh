@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 run of the executor's CUDA graphs (issue 12). `executor_h200.sh tests`: the GPU tests (graph replay equals
+# H200 run of the executor's CUDA graphs (issue 12); `executor_h200.sh all` runs both parts. `executor_h200.sh tests`: the GPU tests (graph replay equals
 # the eager executor bit for bit; slot reuse; capacity), `tilevox synth` with --cuda-graphs auto, and the frame
 # breakdown (benchmarks/frame_breakdown.py: step time by phase, graphs off vs on). `executor_h200.sh bench`:
 # `tilevox bench` (TTFA, RTF, stalls, throughput) with the graphs on vs off, side by side in one run.
@@ -15,11 +15,13 @@ ln -sf "$PWD/tilevox/__init__.py" "$shim/__init__.py"
 for folder in trt_plugins models executor engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
 repo=$PWD
 export PYTHONPATH=/tmp/tilevox-src:/tmp/site:$repo PYTHONUNBUFFERED=1
-if [ "$part" = tests ]; then
+cd /tmp/tilevox-src  # not the repo root: its tilevox/ (the namespace's __init__ alone) would shadow the shim
+if [ "$part" = tests ] || [ "$part" = all ]; then
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 date -u +%FT%TZ >> "$OUT/gpu.txt"
-(cd /tmp/tilevox-src && timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" \
-  --rootdir "$repo" "$repo/tests/executor" "$repo/tests/models/test_capacity.py") 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+echo "commit ${TILEVOX_COMMIT:-unknown}" >> "$OUT/gpu.txt"
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" --rootdir "$repo" \
+  "$repo/tests/executor" "$repo/tests/models/test_capacity.py" > "$OUT/gpu_tests.log" 2>&1; tail -4 "$OUT/gpu_tests.log"
 TEXT="Streaming speech synthesis on a Hopper GPU, one frame at a time."
 for model in random:qwen3-tts-0.6b random:llama-1b; do
   for graphs in auto; do
@@ -30,13 +32,13 @@ for model in random:qwen3-tts-0.6b random:llama-1b; do
 done
 timeout 200 python3 -m benchmarks.frame_breakdown --models qwen3-tts-0.6b,llama-1b --batches 1,8,32 --graphs off,on \
   --out "$OUT/frame_breakdown_h200.json" 2>&1 | tee "$OUT/frame_breakdown.log"
-exit 0
+[ "$part" = all ] || exit 0
 fi
 bench() {  # name, then tilevox bench arguments (4 s requests, closed loop; PNGs are drawn from the JSON later)
   local name=$1; shift
   timeout 170 python3 -m tilevox.server.cli bench --device cuda --max-duration 4 --rounds 2 --no-plot \
     --out "/tmp/bench/$name.json" "$@" 2>&1 | tail -6 | sed "s|^|$name: |" | tee -a "$OUT/bench.log"
-  cp "/tmp/bench/$name.json" "$OUT/" 2>/dev/null
+  python3 -c "import json,os,sys; p=sys.argv[1]; r=json.load(open(p)); r['commit']=os.environ.get('TILEVOX_COMMIT','unknown'); json.dump(r,open(p,'w'),indent=1)" "/tmp/bench/$name.json" && cp "/tmp/bench/$name.json" "$OUT/"
 }
 mkdir -p /tmp/bench
 bench qwen_graphs --model random:qwen3-tts-0.6b --levels 1,8,32,64 --serve-arg=--cuda-graphs --serve-arg=auto
