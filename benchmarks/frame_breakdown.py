@@ -112,7 +112,21 @@ class Streams:
             self.model.close(stream_id)
 
 
-def measure(model, batch: int, *, warmup: int, steps: int, max_duration_s: float) -> dict:
+def profile_table(streams: Streams, steps: int, rows: int = 25) -> str:
+    """torch.profiler over `steps` steps: the kernels (graph replays included) by total device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            streams.step()
+            _sync(streams.model.device)
+            streams.refill()
+    return prof.key_averages().table(sort_by="device_time_total", row_limit=rows, max_name_column_width=70)
+
+
+def measure(
+    model, batch: int, *, warmup: int, steps: int, max_duration_s: float, profile_out: Path | None = None
+) -> dict:
     device = model.device
     streams = Streams(model, batch, max_duration_s)
     try:
@@ -138,6 +152,9 @@ def measure(model, batch: int, *, warmup: int, steps: int, max_duration_s: float
                 synced.append((time.perf_counter() - start) * 1e3)
             per_step.append(dict(timer.totals))
             streams.refill()
+        if profile_out is not None:
+            with profile_out.open("a") as f:
+                f.write(f"== {batch} streams, {steps} steps\n{profile_table(streams, steps)}\n")
     finally:
         streams.close()
     names = sorted({name for step in per_step for name in step})
@@ -169,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--max-duration", type=float, default=60.0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--profile-out", type=Path, default=None, help="append a torch.profiler kernel table per row")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     dtype = parse_dtype(args.dtype or ("bf16" if device.type == "cuda" else "fp32"))
@@ -181,8 +199,16 @@ def main(argv: list[str] | None = None) -> int:
 
                 install_graph_regions(model)
             for batch in (int(b) for b in args.batches.split(",")):
+                if args.profile_out is not None:
+                    with args.profile_out.open("a") as f:
+                        f.write(f"=== {preset}, cuda graphs {graphs}\n")
                 row = {"model": preset, "graphs": graphs} | measure(
-                    model, batch, warmup=args.warmup, steps=args.steps, max_duration_s=args.max_duration
+                    model,
+                    batch,
+                    warmup=args.warmup,
+                    steps=args.steps,
+                    max_duration_s=args.max_duration,
+                    profile_out=args.profile_out,
                 )
                 rows.append(row)
                 phases = ", ".join(f"{k} {v:.2f}" for k, v in row["phases_ms_median"].items())

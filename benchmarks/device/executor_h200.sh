@@ -2,7 +2,8 @@
 # H200 run of the executor's CUDA graphs (issue 12); `executor_h200.sh all` runs both parts. `executor_h200.sh tests`: the GPU tests (graph replay equals
 # the eager executor bit for bit; slot reuse; capacity), `tilevox synth` with --cuda-graphs auto, and the frame
 # breakdown (benchmarks/frame_breakdown.py: step time by phase, graphs off vs on). `executor_h200.sh bench`:
-# `tilevox bench` (TTFA, RTF, stalls, throughput) with the graphs on vs off, side by side in one run.
+# a torch.profiler kernel table of the graphed steps at 1 and 32 streams (profile.txt), then `tilevox bench` (TTFA,
+# RTF, stalls, throughput) with the graphs on vs off, side by side in one run.
 # Carried (gitignored): .whl (Python 3.12 wheels the image lacks, from `pip download --python-version 3.12 ...`:
 # fastapi starlette uvicorn websockets grpcio-health-checking protobuf soundfile cffi pycparser soxr pydantic
 # pydantic_core annotated-types typing-inspection anyio typing_extensions); no kernel library needed.
@@ -40,6 +41,8 @@ bench() {  # name, then tilevox bench arguments (4 s requests, closed loop; PNGs
     --out "/tmp/bench/$name.json" "$@" 2>&1 | tail -6 | sed "s|^|$name: |" | tee -a "$OUT/bench.log"
   python3 -c "import json,os,sys; p=sys.argv[1]; r=json.load(open(p)); r['commit']=os.environ.get('TILEVOX_COMMIT','unknown'); json.dump(r,open(p,'w'),indent=1)" "/tmp/bench/$name.json" && cp "/tmp/bench/$name.json" "$OUT/"
 }
+timeout 150 python3 -m benchmarks.frame_breakdown --models qwen3-tts-0.6b,llama-1b --batches 1,32 --graphs on --warmup 8 \
+  --steps 4 --out /tmp/profiled.json --profile-out "$OUT/profile.txt" 2>&1 | tail -4
 mkdir -p /tmp/bench
 bench qwen_graphs --model random:qwen3-tts-0.6b --levels 1,8,32,64 --serve-arg=--cuda-graphs --serve-arg=auto
 bench qwen_eager --model random:qwen3-tts-0.6b --levels 1,8,32 --serve-arg=--cuda-graphs --serve-arg=off
