@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# H200 run of the executor's CUDA graphs (issue 12); `executor_h200.sh all` runs both parts. `executor_h200.sh tests`: the GPU tests (graph replay equals
+# H200 run of the executor (issue 12); `executor_h200.sh all` runs both parts. `executor_h200.sh tests`: the GPU tests (graph
 # the eager executor bit for bit; slot reuse; capacity), `tilevox synth` with --cuda-graphs auto, and the frame
 # breakdown (benchmarks/frame_breakdown.py: step time by phase, graphs off vs on). `executor_h200.sh bench`:
 # a torch.profiler kernel table of the graphed steps at 1 and 32 streams (profile.txt), then `tilevox bench` (TTFA,
 # RTF, stalls, throughput) with the graphs on vs off, side by side in one run.
 # Carried (gitignored): .whl (Python 3.12 wheels the image lacks, from `pip download --python-version 3.12 ...`:
 # fastapi starlette uvicorn websockets grpcio-health-checking protobuf soundfile cffi pycparser soxr pydantic
-# pydantic_core annotated-types typing-inspection anyio typing_extensions); no kernel library needed.
+# pydantic_core annotated-types typing-inspection anyio typing_extensions opentelemetry-api); no kernel library needed.
 set -uo pipefail
 part=${1:-tests}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
