@@ -183,14 +183,17 @@ class Attention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         keys, values = view.update(layer_idx, k, v)  # (B, KV, kv_len, D)
-        rep = self.config.num_heads // self.config.num_kv_heads
-        keys = keys.repeat_interleave(rep, dim=1)  # (B, H, kv_len, D)
-        values = values.repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q, keys.transpose(2, 3)) * d**-0.5  # (B, H, T, kv_len)
+        # Grouped-query attention without copying keys per head: head h reads kv head h // rep, so the
+        # rep heads of a group (consecutive) and their T queries form one (rep*T)-row matmul per kv head.
+        num_kv = keys.shape[1]
+        heads = q.shape[1]
+        grouped = q.reshape(b, num_kv, (heads // num_kv) * t, d)
+        scores = (torch.matmul(grouped, keys.transpose(2, 3)) * d**-0.5).view(b, heads, t, -1)  # (B, H, T, kv_len)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(probs, values).transpose(1, 2).reshape(b, t, -1)  # (B, T, H*D)
+        out = torch.matmul(probs.view(b, num_kv, -1, probs.shape[-1]), values)  # (B, KV, rep*T, D)
+        out = out.view(b, heads, t, d).transpose(1, 2).reshape(b, t, -1)  # (B, T, H*D)
         return self.o_proj(out)
 
 
