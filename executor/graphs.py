@@ -24,15 +24,17 @@ from dataclasses import dataclass
 
 import torch
 
-from tilevox.executor.sampling import sample_rows
+from tilevox.executor.sampling import sample_next_tokens, sample_rows
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
     CODEC_DECODE,
     DECODER_STEP,
     TALKER_STEP,
+    TOKEN_SAMPLING,
     PredictorRows,
-    codec_region_names,
+    SamplingRows,
+    executor_region_names,
     region_module,
     region_names,
     set_region_backend,
@@ -42,12 +44,14 @@ __all__ = [
     "BATCH_BUCKETS",
     "GRAPH_BACKENDS",
     "LOGGER_NAME",
+    "MIN_HISTORY_BUCKET",
     "MIN_KEY_BUCKET",
     "GraphOptions",
     "GraphedCodePredictorLoop",
     "GraphedCodecDecode",
     "GraphedDecoderStep",
     "GraphedTalkerStep",
+    "GraphedTokenSampling",
     "batch_bucket",
     "install_graph_regions",
     "key_bucket",
@@ -58,6 +62,7 @@ log = logging.getLogger(LOGGER_NAME)
 
 BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_KEY_BUCKET = 256
+MIN_HISTORY_BUCKET = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -337,12 +342,71 @@ class GraphedCodecDecode(_GraphBackend):
         return wav[:batch].clone()
 
 
+class GraphedTokenSampling(_GraphBackend):
+    """The next token of each row (the TokenSamplingBackend protocol) with executor.sampling's batched,
+    counter-based draw: one graph per (batch bucket, history bucket) instead of a loop over rows with a
+    generator each. The history (for repetition penalties) is padded to a power of two from
+    MIN_HISTORY_BUCKET, or left out when no row penalises. A batch above max_batch runs the same function
+    eagerly."""
+
+    name = TOKEN_SAMPLING
+
+    def __init__(self, head: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
+        super().__init__(head, options)
+        self._stop_ids: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+        batch = logits.shape[0]
+        if len(rows.params) != batch:
+            raise ValueError(f"{len(rows.params)} sampling rows for a batch of {batch}")
+        stop_ids = self._stop_ids.get(rows.stop_token_ids)
+        if stop_ids is None:
+            stop_ids = self._stop_ids[rows.stop_token_ids] = torch.tensor(
+                rows.stop_token_ids, dtype=torch.int64, device=self.device
+            )
+        lengths = [int(h.shape[0]) for h in rows.history]
+        penalised = [b for b, p in enumerate(rows.params) if p.repetition_penalty != 1.0 and lengths[b]]
+        width = 0
+        if penalised:
+            width = MIN_HISTORY_BUCKET
+            while width < max(lengths[b] for b in penalised):
+                width *= 2
+        history = torch.zeros(batch, width, dtype=torch.int64, device=self.device)
+        for b in penalised:
+            history[b, : lengths[b]] = rows.history[b]
+        floats = self._host_rows([(p.temperature, p.top_p, p.repetition_penalty) for p in rows.params], torch.float32)
+        ints = self._host_rows(
+            [
+                (p.top_k, seed, counter, p.min_new_tokens, length)
+                for p, seed, counter, length in zip(rows.params, rows.seeds, rows.counters, lengths)
+            ],
+            torch.int64,
+        )
+
+        def draw(logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, history: torch.Tensor):
+            return sample_next_tokens(logits, floats, ints, history, stop_ids)
+
+        if batch > self.options.max_batch:
+            self._fallback(f"batch {batch} above max_batch {self.options.max_batch} (sampled eagerly)")
+            return draw(logits.float(), floats, ints, history)
+        bucket, index = self._rows(batch)
+        self.keys_used.add((bucket, width))
+        tokens = self.graphs.run(
+            (bucket, width),
+            draw,
+            {"logits": logits.float()[index], "floats": floats[index], "ints": ints[index], "history": history[index]},
+        )
+        self.num_graph_calls += 1
+        return tokens[:batch].clone()
+
+
 # Region name (models.region_backends) -> the graph backend that runs it; each takes the region's network.
 GRAPH_BACKENDS: dict[str, type[_GraphBackend]] = {
     DECODER_STEP: GraphedDecoderStep,
     TALKER_STEP: GraphedTalkerStep,
     CODE_PREDICTOR_LOOP: GraphedCodePredictorLoop,
     CODEC_DECODE: GraphedCodecDecode,
+    TOKEN_SAMPLING: GraphedTokenSampling,
 }
 
 
@@ -352,7 +416,7 @@ def install_graph_regions(
     """Route each region in `names` (default: all the model's decoder and codec regions) through its graph backend.
     Returns name -> None (installed) or the reason it stays as it was (also logged)."""
     result: dict[str, str | None] = {}
-    for name in (*region_names(model), *codec_region_names(model)) if names is None else names:
+    for name in (*region_names(model), *executor_region_names(model)) if names is None else names:
         backend_class = GRAPH_BACKENDS.get(name)
         if backend_class is None:
             result[name] = f"no graph backend for region {name!r}"

@@ -5,7 +5,9 @@ top-k (0 = off), top-p (1 = off), seed and counter. It makes exactly the draw of
 SAMPLE_EMBED (trt_plugins.megakernel.vm): keep the top-k (ties at the k-th value kept), then the smallest
 nucleus reaching top-p (at least one token), then invert the CDF in vocabulary order at
 u = uniform_from_seed(seed, counter) x total. No host synchronisation, no data-dependent shapes.
-`sample_rows_reference` is the per-row float64 reference. Imports: torch, trt_plugins.megakernel.vm.
+`sample_rows_reference` is the per-row float64 reference. `sample_next_tokens` puts the penalties of
+models.sampling.sample_tokens in front of it (repetition penalty over each row's history, stop tokens held
+back until min_new_tokens), batched and capturable. Imports: torch, trt_plugins.megakernel.vm.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 
 from tilevox.trt_plugins.megakernel.vm import uniform_from_seed
 
-__all__ = ["sample_rows", "sample_rows_reference"]
+__all__ = ["penalize_rows", "sample_next_tokens", "sample_rows", "sample_rows_reference"]
 
 
 def _filter(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -85,3 +87,43 @@ def sample_rows_reference(
             torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True)[0].clamp(max=cdf.numel() - 1)
         )
     return out
+
+
+def penalize_rows(
+    logits: torch.Tensor,
+    penalty: torch.Tensor,
+    history: torch.Tensor,
+    lengths: torch.Tensor,
+    min_new_tokens: torch.Tensor,
+    stop_ids: torch.Tensor,
+) -> torch.Tensor:
+    """models.sampling's penalties for a batch, in its order: the repetition penalty (float32 (B,); 1 = off)
+    over history[b, :lengths[b]] (int64 (B, L), anything past a row's length is ignored; L may be 0), then
+    stop_ids (int64 (S,)) set to -inf in rows with lengths < min_new_tokens. Same values as the per-row
+    models.sampling.apply_repetition_penalty (x * p below zero, x / p otherwise, once per distinct token)."""
+    vocab = logits.shape[-1]
+    if history.shape[1]:
+        valid = torch.arange(history.shape[1], device=history.device)[None, :] < lengths[:, None]
+        index = torch.where(valid, history, torch.full_like(history, vocab))  # column `vocab`: a dropped pad
+        padded = torch.nn.functional.pad(logits, (0, 1))
+        scores = padded.gather(1, index)
+        scores = torch.where(scores < 0, scores * penalty[:, None], scores / penalty[:, None])
+        logits = padded.scatter(1, index, scores)[:, :vocab]
+    if stop_ids.numel():
+        hold = (lengths < min_new_tokens)[:, None]
+        stops = logits.index_select(1, stop_ids)
+        logits = logits.index_copy(1, stop_ids, torch.where(hold, torch.full_like(stops, float("-inf")), stops))
+    return logits
+
+
+def sample_next_tokens(
+    logits: torch.Tensor,
+    floats: torch.Tensor,
+    ints: torch.Tensor,
+    history: torch.Tensor,
+    stop_ids: torch.Tensor,
+) -> torch.Tensor:
+    """(B,) int64: `penalize_rows`, then `sample_rows`. floats (B, 3) float32: temperature, top_p, repetition
+    penalty; ints (B, 5) int64: top_k, seed, counter, min_new_tokens, history length."""
+    scores = penalize_rows(logits.float(), floats[:, 2], history, ints[:, 4], ints[:, 3], stop_ids)
+    return sample_rows(scores, floats[:, 0], ints[:, 0], floats[:, 1], ints[:, 1], ints[:, 2])

@@ -4,9 +4,9 @@ A model lists the regions it exposes in its class attribute `region_names` and n
 one runs in `region_modules()` (a network that implements models.decoder_view); each region has an
 instance attribute `<name>_backend`, None for the conventional PyTorch path. A backend is a callable
 with the same signature and results as the conventional call it replaces (the Protocols below), so
-models stay unaware of what runs it. Codec regions (class attribute `codec_region_names`, networks in
-`codec_region_modules()`) are run the same way but are no decoder networks: the executor runs them,
-the region compiler does not compile them. Imports: torch, models.sampling (model types only for typing).
+models stay unaware of what runs it. Executor regions (class attribute `executor_region_names`, modules
+in `executor_region_modules()`: the codec decode, token sampling) are routed the same way but are no
+decoder networks: the executor runs them, the region compiler does not compile them. Imports: torch, models.sampling (model types only for typing).
 """
 
 from __future__ import annotations
@@ -28,17 +28,22 @@ __all__ = [
     "CODEC_DECODE",
     "CODE_PREDICTOR_LOOP",
     "DECODER_STEP",
+    "LLASA_EXECUTOR_REGIONS",
     "LLASA_REGIONS",
-    "QWEN3_TTS_CODEC_REGIONS",
+    "QWEN3_TTS_EXECUTOR_REGIONS",
     "QWEN3_TTS_REGIONS",
+    "SAMPLING_COUNTER_BASE",
     "TALKER_STEP",
+    "TOKEN_SAMPLING",
     "CodePredictorLoopBackend",
     "CodecDecodeBackend",
     "DecoderStepBackend",
     "PredictorRows",
+    "SamplingRows",
     "TalkerStepBackend",
+    "TokenSamplingBackend",
     "backend_attribute",
-    "codec_region_names",
+    "executor_region_names",
     "region_module",
     "region_names",
     "set_region_backend",
@@ -48,10 +53,15 @@ DECODER_STEP = "decoder_step"  # Llasa: one batched Llama decode (embed, layers,
 TALKER_STEP = "talker_step"  # Qwen3-TTS: one talker forward of one position with the codec head
 CODE_PREDICTOR_LOOP = "code_predictor_loop"  # Qwen3-TTS: codebooks 1..Q-1 of one frame
 CODEC_DECODE = "codec_decode"  # Qwen3-TTS: incremental codec decode of new frames for a batch of state slots
+TOKEN_SAMPLING = "token_sampling"  # the next token of each stream from its logits (penalties, filters, draw)
 
 LLASA_REGIONS: tuple[str, ...] = (DECODER_STEP,)
 QWEN3_TTS_REGIONS: tuple[str, ...] = (TALKER_STEP, CODE_PREDICTOR_LOOP)
-QWEN3_TTS_CODEC_REGIONS: tuple[str, ...] = (CODEC_DECODE,)
+QWEN3_TTS_EXECUTOR_REGIONS: tuple[str, ...] = (CODEC_DECODE, TOKEN_SAMPLING)
+LLASA_EXECUTOR_REGIONS: tuple[str, ...] = (TOKEN_SAMPLING,)
+# A token-sampling backend that draws on the device uses counters from here on (the stream's token index
+# added), so its draws never meet the code predictor's (frame x heads + head, far below) for one seed.
+SAMPLING_COUNTER_BASE = 1 << 31
 
 
 class DecoderStepBackend(Protocol):
@@ -106,9 +116,36 @@ class CodecDecodeBackend(Protocol):
     def __call__(self, codes: torch.Tensor, pool: DecoderState, slots: torch.Tensor) -> torch.Tensor: ...
 
 
-def codec_region_names(model: object) -> tuple[str, ...]:
-    """The codec regions `model` lets the executor run (empty for models without them)."""
-    return tuple(getattr(type(model), "codec_region_names", ()))
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingRows:
+    """Per-row sampling of a batch of streams' next tokens, as models.sampling.sample_tokens does it with
+    the streams' generators: `history[b]` holds row b's generated tokens (repetition penalty,
+    min_new_tokens), `stop_token_ids` the ids held back until min_new_tokens exist. A backend that draws
+    on the device uses the counter-based RNG at (seeds[b], counters[b]) instead of the generator."""
+
+    params: tuple[SamplingParams, ...]
+    seeds: tuple[int, ...]
+    counters: tuple[int, ...]
+    history: tuple[torch.Tensor, ...]
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not len(self.params) == len(self.seeds) == len(self.counters) == len(self.history):
+            raise ValueError(
+                f"one params, seed, counter and history per row: got {len(self.params)}, {len(self.seeds)}, "
+                f"{len(self.counters)}, {len(self.history)}"
+            )
+
+
+class TokenSamplingBackend(Protocol):
+    """Logits (B, V) and their rows -> (B,) int64 tokens on the logits' device."""
+
+    def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor: ...
+
+
+def executor_region_names(model: object) -> tuple[str, ...]:
+    """The executor regions `model` lets the executor run (empty for models without them)."""
+    return tuple(getattr(type(model), "executor_region_names", ()))
 
 
 def region_names(model: object) -> tuple[str, ...]:
@@ -117,7 +154,7 @@ def region_names(model: object) -> tuple[str, ...]:
 
 
 def _check_region(model: object, name: str) -> None:
-    names = (*region_names(model), *codec_region_names(model))
+    names = (*region_names(model), *executor_region_names(model))
     if name not in names:
         raise ValueError(f"{type(model).__name__} has no region {name!r}; its regions: {', '.join(names) or '(none)'}")
 
@@ -125,8 +162,8 @@ def _check_region(model: object, name: str) -> None:
 def region_module(model: object, name: str) -> torch.nn.Module:
     """The network that region `name` of `model` runs (a decoder region's is what a region compiler compiles)."""
     _check_region(model, name)
-    if name in codec_region_names(model):
-        return model.codec_region_modules()[name]
+    if name in executor_region_names(model):
+        return model.executor_region_modules()[name]
     return model.region_modules()[name]
 
 

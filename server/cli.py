@@ -121,7 +121,7 @@ def _fused_swiglu_mode(args: argparse.Namespace):
 def _install_regions(model, args: argparse.Namespace, device: str) -> None:
     """Route the asked regions through the megakernel (unknown names are a usage error, ValueError), and
     the model's other regions through the executor's CUDA graphs as --cuda-graphs says."""
-    from tilevox.models.region_backends import codec_region_names, region_names
+    from tilevox.models.region_backends import executor_region_names, region_names
 
     on_megakernel: set[str] = set()
     if _megakernel_asked(args):
@@ -136,7 +136,7 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> None:
         return
     from tilevox.executor import install_graph_regions
 
-    regions = (*region_names(model), *codec_region_names(model))
+    regions = (*region_names(model), *executor_region_names(model))
     install_graph_regions(model, [name for name in regions if name not in on_megakernel])
 
 

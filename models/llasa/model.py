@@ -20,7 +20,16 @@ from torch.profiler import record_function
 from tilevox.models.errors import RequestError
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.llasa.tokenizer import LlasaTokenizer
-from tilevox.models.region_backends import DECODER_STEP, LLASA_REGIONS, DecoderStepBackend
+from tilevox.models.region_backends import (
+    DECODER_STEP,
+    LLASA_EXECUTOR_REGIONS,
+    LLASA_REGIONS,
+    SAMPLING_COUNTER_BASE,
+    TOKEN_SAMPLING,
+    DecoderStepBackend,
+    SamplingRows,
+    TokenSamplingBackend,
+)
 from tilevox.models.sampling import SamplingParams, make_generator, sample_tokens
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 from tilevox.models.xcodec2.model import XCodec2Decoder
@@ -69,6 +78,11 @@ class LlasaModel(SpeechModel):
 
     # Regions another executor may run (models.region_backends): the per-step batched decode.
     region_names = LLASA_REGIONS
+
+    executor_region_names = LLASA_EXECUTOR_REGIONS  # token sampling, run by an executor only
+
+    def executor_region_modules(self) -> dict[str, torch.nn.Module]:
+        return {TOKEN_SAMPLING: self.llama.lm_head}
 
     def region_modules(self) -> dict[str, torch.nn.Module]:
         return llasa_region_modules(self.llama)
@@ -130,6 +144,7 @@ class LlasaModel(SpeechModel):
         # None: `llama.decode`. Otherwise a callable with decode's signature and results (e.g. the
         # engine builder's megakernel step), set through models.region_backends.set_region_backend.
         self.decoder_step_backend: DecoderStepBackend | None = None
+        self.token_sampling_backend: TokenSamplingBackend | None = None
 
     # ---- SpeechModel interface -------------------------------------------------------------
 
@@ -218,13 +233,25 @@ class LlasaModel(SpeechModel):
         streams = [self._streams[i] for i in ids]
         with record_function("tilevox.sampling"):
             logits = torch.stack([s.pending_logits for s in streams]).float() + self._logit_mask  # (B, V)
-            tokens = sample_tokens(
-                logits,
-                [s.params for s in streams],
-                [s.generator for s in streams],
-                [s.generated[: s.num_generated] for s in streams],
-                stop_token_ids=(self.tokenizer.speech_end_id,),
-            )  # (B,)
+            if self.token_sampling_backend is None:
+                tokens = sample_tokens(
+                    logits,
+                    [s.params for s in streams],
+                    [s.generator for s in streams],
+                    [s.generated[: s.num_generated] for s in streams],
+                    stop_token_ids=(self.tokenizer.speech_end_id,),
+                )  # (B,)
+            else:  # draws at (stream seed, SAMPLING_COUNTER_BASE + token index): see SamplingRows
+                tokens = self.token_sampling_backend(
+                    logits,
+                    SamplingRows(
+                        params=tuple(s.params for s in streams),
+                        seeds=tuple(s.generator.initial_seed() for s in streams),
+                        counters=tuple(SAMPLING_COUNTER_BASE + s.num_generated for s in streams),
+                        history=tuple(s.generated[: s.num_generated] for s in streams),
+                        stop_token_ids=(self.tokenizer.speech_end_id,),
+                    ),
+                )
             token_list = tokens.tolist()
         chunks: list[AudioChunk] = []
         going_on: list[int] = []  # batch rows that continue to the decode below

@@ -30,13 +30,17 @@ from tilevox.models.qwen3_tts.tokenizer import TextTokenizer
 from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
     CODEC_DECODE,
-    QWEN3_TTS_CODEC_REGIONS,
+    QWEN3_TTS_EXECUTOR_REGIONS,
     QWEN3_TTS_REGIONS,
+    SAMPLING_COUNTER_BASE,
     TALKER_STEP,
+    TOKEN_SAMPLING,
     CodecDecodeBackend,
     CodePredictorLoopBackend,
     PredictorRows,
+    SamplingRows,
     TalkerStepBackend,
+    TokenSamplingBackend,
 )
 from tilevox.models.sampling import SamplingParams, make_generator, sample_tokens
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
@@ -131,14 +135,15 @@ class Qwen3TTSSpeechModel(SpeechModel):
     # Regions another executor may run (models.region_backends): the talker decode step with its codec
     # head, and the whole code-predictor loop of a frame.
     region_names = QWEN3_TTS_REGIONS
-    # The codec decode of a batch of streams' new frames (exact decode mode), from the codec-state pool.
-    codec_region_names = QWEN3_TTS_CODEC_REGIONS
+    # Regions only an executor runs: the codec decode of a batch of streams' new frames (exact decode
+    # mode, from the codec-state pool) and the sampling of codebook 0.
+    executor_region_names = QWEN3_TTS_EXECUTOR_REGIONS
 
     def region_modules(self) -> dict[str, nn.Module]:
         return qwen3_tts_region_modules(self.talker)
 
-    def codec_region_modules(self) -> dict[str, nn.Module]:
-        return {CODEC_DECODE: self.codec_decoder}
+    def executor_region_modules(self) -> dict[str, nn.Module]:
+        return {CODEC_DECODE: self.codec_decoder, TOKEN_SAMPLING: self.talker.codec_head}
 
     def __init__(
         self,
@@ -190,6 +195,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
         self.talker_step_backend: TalkerStepBackend | None = None
         self.code_predictor_loop_backend: CodePredictorLoopBackend | None = None
         self.codec_decode_backend: CodecDecodeBackend | None = None  # codec_decoder.decode_slots
+        self.token_sampling_backend: TokenSamplingBackend | None = None  # sample_tokens of codebook 0
         tc = config.talker
         self._eos = tc.codec_eos_token_id
         # The official generate() suppresses the top 1024 codec ids except EOS.
@@ -460,13 +466,23 @@ class Qwen3TTSSpeechModel(SpeechModel):
         stream's generated codebook-0 tokens (the prompt is embeddings, so nothing else)."""
         self._observe("talker", streams, -1, logits)
         logits = logits.float().masked_fill(self._suppress, float("-inf"))
-        tokens = sample_tokens(
-            logits,
-            [s.talker_params for s in streams],
-            [s.generator for s in streams],
-            [s.generated[: s.num_generated] for s in streams],
-            stop_token_ids=(self._eos,),
-        )
+        if self.token_sampling_backend is None:
+            tokens = sample_tokens(
+                logits,
+                [s.talker_params for s in streams],
+                [s.generator for s in streams],
+                [s.generated[: s.num_generated] for s in streams],
+                stop_token_ids=(self._eos,),
+            )
+        else:  # draws at (stream seed, SAMPLING_COUNTER_BASE + token index): see SamplingRows
+            rows = SamplingRows(
+                params=tuple(s.talker_params for s in streams),
+                seeds=tuple(s.generator.initial_seed() for s in streams),
+                counters=tuple(SAMPLING_COUNTER_BASE + s.num_generated for s in streams),
+                history=tuple(s.generated[: s.num_generated] for s in streams),
+                stop_token_ids=(self._eos,),
+            )
+            tokens = self.token_sampling_backend(logits, rows)
         for row, s in enumerate(streams):
             s.generated[s.num_generated] = tokens[row]
             s.num_generated += 1

@@ -18,7 +18,7 @@ from tilevox.executor.graphs import LOGGER_NAME, MIN_KEY_BUCKET, batch_bucket, k
 from tilevox.models.llasa.loader import load_preset as load_llasa
 from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
 from tilevox.models.qwen3_tts.model import ModelOptions
-from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, CODEC_DECODE, DECODER_STEP, TALKER_STEP
+from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, CODEC_DECODE, DECODER_STEP, TALKER_STEP, TOKEN_SAMPLING
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest, synthesize
 
@@ -49,8 +49,9 @@ def test_buckets():
 
 
 def test_qwen3_executor_equals_the_plain_path():
-    """Talker step, predictor loop and codec decode: same frames, audio within 1e-5, over more than 256
-    positions so that both key buckets of a 400-position cache (256, then 400) are used."""
+    """Talker step, predictor loop, codec decode and token sampling (greedy: the same argmax of the same
+    penalised logits): same frames, audio within 1e-5, over more than 256 positions so that both key
+    buckets of a 400-position cache (256, then 400) are used."""
     request = _greedy("Good morning, this runs long enough to cross a key bucket.", 22.0)
     frames: dict[str, list[torch.Tensor]] = {"plain": [], "executor": []}
     model = _qwen3()
@@ -60,6 +61,7 @@ def test_qwen3_executor_equals_the_plain_path():
         TALKER_STEP: None,
         CODE_PREDICTOR_LOOP: None,
         CODEC_DECODE: None,
+        TOKEN_SAMPLING: None,
     }
     model.frame_observer = lambda _sid, codes: frames["executor"].append(codes)
     got = synthesize(model, request)
@@ -102,12 +104,13 @@ def test_llasa_executor_equals_the_plain_path():
     model = _llasa()
     model.token_observer = lambda _sid, token: tokens["plain"].append(token)
     plain = synthesize(model, request)
-    assert install_graph_regions(model, options=EAGER) == {DECODER_STEP: None}
+    assert install_graph_regions(model, options=EAGER) == {DECODER_STEP: None, TOKEN_SAMPLING: None}
     model.token_observer = lambda _sid, token: tokens["executor"].append(token)
     got = synthesize(model, request)
     assert len(tokens["plain"]) > 10 and tokens["executor"] == tokens["plain"]
     np.testing.assert_allclose(got.samples, plain.samples, atol=1e-5, rtol=0)
     assert model.decoder_step_backend.num_graph_calls > 10
+    assert model.token_sampling_backend.num_graph_calls == len(tokens["plain"])
 
 
 def _sampled_frames(seeds: list[int], install, steps: int = 5) -> dict[int, list[torch.Tensor]]:
@@ -143,6 +146,29 @@ def test_a_stream_is_the_same_alone_and_beside_others():
     assert not torch.equal(torch.stack(together[7][:n]), torch.stack(together[8][:n]))
 
 
+def test_llasa_sampled_tokens_are_the_same_alone_and_beside_others():
+    """The executor's token sampling (repetition penalty on) draws per stream, whatever shares the batch."""
+    sampling = SamplingParams(temperature=0.9, top_k=30, top_p=0.95, repetition_penalty=1.2)
+
+    def tokens_of(seeds: list[int]) -> dict[int, list[int]]:
+        model = _llasa()
+        install_graph_regions(model, options=EAGER)
+        seen: dict[int, list[int]] = {}
+        model.token_observer = lambda sid, token: seen.setdefault(sid, []).append(token)
+        ids = [
+            model.open_stream(SynthesisRequest(text="Sampled Llasa", sampling=sampling, seed=s, max_duration_s=0.3))
+            for s in seeds
+        ]
+        while live := [i for i in ids if i in model.open_stream_ids]:
+            model.step(live)
+        assert model.token_sampling_backend.num_graph_calls > 5
+        return {seed: seen[i] for seed, i in zip(seeds, ids)}
+
+    together, alone = tokens_of([4, 5, 6]), tokens_of([5])
+    assert len(alone[5]) > 5 and alone[5] == together[5]
+    assert together[4] != together[5]
+
+
 def test_calls_it_cannot_take_run_the_plain_path_and_say_why(caplog):
     model = _qwen3()
     install_graph_regions(model, options=GraphOptions(capture=False, max_batch=1))
@@ -151,7 +177,7 @@ def test_calls_it_cannot_take_run_the_plain_path_and_say_why(caplog):
     model.step(ids)
     model.step(ids)
     messages = [r.getMessage() for r in caplog.records if r.name == LOGGER_NAME]
-    assert sum("batch 2 above max_batch 1" in m for m in messages) == 3  # once per region, not per call
+    assert sum("batch 2 above max_batch 1" in m for m in messages) == 4  # once per region, not per call
     assert model.talker_step_backend.num_conventional_calls == 2
     assert model.codec_decode_backend.num_conventional_calls == 2
     penalised = SynthesisRequest(

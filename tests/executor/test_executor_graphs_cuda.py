@@ -1,6 +1,7 @@
 """The executor's CUDA graphs on a GPU (skipped without one): replaying captured graphs gives bit for bit
 what the same executor computes eagerly at the same batch composition (padding rows included), for
-Qwen3-TTS (talker step, code-predictor loop with on-device sampling, codec decode from the state pool) and Llasa (decoder step), and
+Qwen3-TTS (talker step, code-predictor loop with on-device sampling, codec decode from the state pool,
+codebook-0 sampling) and Llasa (decoder step, token sampling), and
 a stream that reuses a slot gets exactly what it gets in a fresh model."""
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def test_qwen3_graphs_equal_the_eager_executor(num_streams):
     assert graph_model.talker_step_backend.graphs.num_graphs >= 1
     assert graph_model.code_predictor_loop_backend.graphs.num_graphs >= 1
     assert graph_model.codec_decode_backend.graphs.num_graphs >= 1
+    assert graph_model.token_sampling_backend.graphs.num_graphs >= 1
     assert graph_model.talker_step_backend.num_conventional_calls == 0
 
 
@@ -81,6 +83,7 @@ def test_llasa_graphs_equal_the_eager_executor(num_streams):
     graph_model, eager_model = _llasa(True), _llasa(False)
     _same(_run(graph_model, requests, "token_observer"), _run(eager_model, requests, "token_observer"))
     assert graph_model.decoder_step_backend.graphs.num_graphs >= 1
+    assert graph_model.token_sampling_backend.graphs.num_graphs >= 1
 
 
 def test_a_reused_slot_sees_nothing_of_the_previous_stream():

@@ -1,11 +1,13 @@
 """executor.sampling.sample_rows: the batched, capturable draw equals the float64 row-by-row reference
-for every parameter mix, never depends on the other rows of the batch, and honours each filter."""
+for every parameter mix, never depends on the other rows of the batch, and honours each filter; the
+batched penalties in front of it (sample_next_tokens) equal models.sampling's per-row code."""
 
 from __future__ import annotations
 
 import torch
 
-from tilevox.executor.sampling import sample_rows, sample_rows_reference
+from tilevox.executor.sampling import penalize_rows, sample_next_tokens, sample_rows, sample_rows_reference
+from tilevox.models.sampling import apply_repetition_penalty
 
 
 def _params(rows: int, vocab: int, gen: torch.Generator):
@@ -61,3 +63,45 @@ def test_filters_and_counter():
         logits, ones, torch.zeros(rows, dtype=torch.int64), ones, seed, torch.zeros_like(counter)
     )
     assert len(set(same_counter.tolist())) == 1  # the draw is a function of (seed, counter) only
+
+
+def _penalty_batch(gen: torch.Generator, rows: int, vocab: int):
+    lengths = torch.tensor([0, 1, 7, 30, 5, 12, 3, 19][:rows], dtype=torch.int64)
+    history = torch.randint(0, vocab, (rows, 32), generator=gen)
+    history[:, 1::3] = history[:, ::3][:, : history[:, 1::3].shape[1]]  # repeated tokens
+    penalty = torch.tensor([1.3, 1.0, 0.7, 1.05, 2.0, 1.3, 1.0, 1.5][:rows], dtype=torch.float32)
+    min_new = torch.tensor([2, 0, 9, 0, 5, 0, 4, 0][:rows], dtype=torch.int64)
+    return lengths, history, penalty, min_new
+
+
+def test_penalties_equal_models_sampling_row_by_row():
+    """The batched repetition penalty and min_new_tokens hold-back give exactly the values of
+    models.sampling's per-row code (same float32 operations), padding past each row's length ignored."""
+    gen = torch.Generator().manual_seed(21)
+    rows, vocab = 8, 777
+    logits = 4.0 * torch.randn(rows, vocab, generator=gen)
+    lengths, history, penalty, min_new = _penalty_batch(gen, rows, vocab)
+    stop_ids = torch.tensor([5, 776], dtype=torch.int64)
+    got = penalize_rows(logits, penalty, history, lengths, min_new, stop_ids)
+    for b in range(rows):
+        want = apply_repetition_penalty(logits[b], history[b, : lengths[b]], float(penalty[b]))
+        if lengths[b] < min_new[b]:
+            want = want.index_fill(0, stop_ids, float("-inf"))
+        assert torch.equal(got[b], want), f"row {b}"
+    assert torch.equal(penalize_rows(logits, penalty, history[:, :0], lengths, min_new, stop_ids[:0]), logits)
+
+
+def test_next_tokens_equal_the_float64_reference_after_penalties():
+    gen = torch.Generator().manual_seed(8)
+    rows, vocab = 8, 401
+    logits = 3.0 * torch.randn(rows, vocab, generator=gen)
+    lengths, history, penalty, min_new = _penalty_batch(gen, rows, vocab)
+    temperature, top_k, top_p, seed, counter = _params(rows, vocab, gen)
+    stop_ids = torch.tensor([int(torch.argmax(logits[2]))], dtype=torch.int64)  # row 2 must not draw its argmax
+    floats = torch.stack([temperature, top_p, penalty], dim=1)
+    ints = torch.stack([top_k, seed, counter, min_new, lengths], dim=1)
+    got = sample_next_tokens(logits, floats, ints, history, stop_ids)
+    penalised = penalize_rows(logits, penalty, history, lengths, min_new, stop_ids)
+    want = sample_rows_reference(penalised.double(), temperature, top_k, top_p, seed, counter)
+    assert torch.equal(got, want)
+    assert int(got[2]) != int(stop_ids[0])

@@ -92,7 +92,8 @@ def test_synth_unreadable_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "flag,expected", [("on", {"talker_step", "code_predictor_loop", "codec_decode"}), ("auto", set()), ("off", set())]
+    "flag,expected",
+    [("on", {"talker_step", "code_predictor_loop", "codec_decode", "token_sampling"}), ("auto", set()), ("off", set())],
 )
 def test_synth_cuda_graphs_flag_installs_the_executor(tmp_path, caplog, flag, expected):
     """--cuda-graphs on runs the executor's region backends (eagerly on a CPU); auto leaves a CPU model plain."""
