@@ -107,10 +107,18 @@ class StreamStats:
 _END = object()
 
 
+def _put_all(items: list[tuple[StreamHandle, object]]) -> None:
+    """On an event loop: hand a worker step's items to their streams, in order."""
+    for handle, item in items:
+        handle._queue.put_nowait(item)
+
+
 class StreamHandle:
     """The asyncio-side view of one stream: `async for samples in handle` yields float32 arrays
     (never empty) until the stream finishes; then `handle.stats` is set. Raises SynthesisFailed
-    if the model failed. `cancel()` is safe from any thread and idempotent."""
+    if the model failed. `cancel()` is safe from any thread and idempotent. Chunks that are already
+    waiting when the consumer asks come as one array (a consumer that falls behind catches up in one
+    write instead of one per frame)."""
 
     def __init__(
         self, scheduler: Scheduler, handle_id: int, request: SynthesisRequest, loop: asyncio.AbstractEventLoop
@@ -120,6 +128,7 @@ class StreamHandle:
         self._scheduler = scheduler
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
+        self._held = None  # an end, stats or error item taken while joining waiting chunks
         self.stats: StreamStats | None = None
         # worker-thread state
         self.submitted_at = time.perf_counter()
@@ -138,14 +147,30 @@ class StreamHandle:
 
     # ---- called on the worker thread -------------------------------------------------
     def _deliver(self, item) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        outbox = getattr(self._scheduler._worker_local, "outbox", None)
+        if outbox is not None:  # inside a worker step: sent with the step's other items in one wake-up
+            outbox.append((self, item))
+        else:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
     # ---- asyncio side --------------------------------------------------------------
     def __aiter__(self):
         return self
 
     async def __anext__(self) -> np.ndarray:
-        item = await self._queue.get()
+        if self._held is not None:
+            item, self._held = self._held, None
+        else:
+            item = await self._queue.get()
+        if isinstance(item, np.ndarray):
+            pieces = [item]
+            while not self._queue.empty():
+                waiting = self._queue.get_nowait()
+                if not isinstance(waiting, np.ndarray):
+                    self._held = waiting
+                    break
+                pieces.append(waiting)
+            return item if len(pieces) == 1 else np.concatenate(pieces)
         if item is _END:
             self._queue.put_nowait(_END)  # later iterations also stop
             raise StopAsyncIteration
@@ -197,6 +222,7 @@ class Scheduler:
         # stream waits for more than one prefill of this many prompts between two of its frames.
         self.max_prefill_batch = max_prefill_batch
         self.metrics = metrics
+        self._worker_local = threading.local()  # .outbox: the items a worker step delivers, sent at its end
         self._lock = threading.Condition()
         self._pending: collections.deque[StreamHandle] = collections.deque()
         self._active: dict[int, StreamHandle] = {}  # model stream id -> handle, in round-robin order
@@ -456,6 +482,19 @@ class Scheduler:
             self._step(batch)
 
     def _step(self, batch: list[StreamHandle]) -> None:
+        """One model step; every item it hands to streams reaches their event loops in one call per loop."""
+        self._worker_local.outbox = []
+        try:
+            self._step_streams(batch)
+        finally:
+            outbox, self._worker_local.outbox = self._worker_local.outbox, None
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[StreamHandle, object]]] = {}
+            for handle, item in outbox:
+                by_loop.setdefault(handle._loop, []).append((handle, item))
+            for loop, items in by_loop.items():
+                loop.call_soon_threadsafe(_put_all, items)
+
+    def _step_streams(self, batch: list[StreamHandle]) -> None:
         ids = [h.model_stream_id for h in batch]
         started = time.perf_counter()
         try:

@@ -293,3 +293,35 @@ def test_a_burst_of_admissions_is_spread_over_frames_while_streams_run(sched_fac
     assert max(n for n, _ in calls[1:]) <= 8 and len(calls) >= 5
     steps_before = [steps for _, steps in calls[1:]]
     assert steps_before == sorted(set(steps_before))  # one batched prefill per frame at most
+
+
+def test_waiting_chunks_come_as_one_array_and_the_end_still_follows():
+    """A consumer that falls behind gets every chunk already waiting at once, in order; an end or error
+    item behind them is kept for the next call, never lost or reordered."""
+    from tilevox.server.scheduler import StreamHandle, StreamStats
+
+    async def main():
+        handle = StreamHandle(None, 0, _req("x"), asyncio.get_running_loop())
+        chunks = [np.full(n, float(n), dtype=np.float32) for n in (3, 5, 2)]
+        for chunk in chunks[:2]:
+            handle._queue.put_nowait(chunk)
+        first = await handle.__anext__()
+        np.testing.assert_array_equal(first, np.concatenate(chunks[:2]))
+        handle._queue.put_nowait(chunks[2])
+        stats = StreamStats(
+            num_frames=3,
+            num_samples=10,
+            sample_rate_hz=16000,
+            queue_wait_s=0.0,
+            time_to_first_audio_s=0.0,
+            wall_time_s=0.0,
+            finish_reason=FinishReason.LENGTH,
+        )
+        handle._queue.put_nowait(stats)
+        handle._queue.put_nowait(np.ones(4, dtype=np.float32))  # never read: the stream ended before it
+        np.testing.assert_array_equal(await handle.__anext__(), chunks[2])
+        with pytest.raises(StopAsyncIteration):
+            await handle.__anext__()
+        assert handle.stats is stats
+
+    _run(main())
