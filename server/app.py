@@ -218,17 +218,28 @@ class ServerHandle:
         self._stop.set()
 
     async def _warm_up(self) -> None:
-        """One short synthesis before /ready turns true, so the first client does not pay for
-        lazy initialisation (allocator growth, kernel selection, codec buffers)."""
+        """Short syntheses before /ready turns true, so the first clients do not pay for lazy
+        initialisation (allocator growth, kernel selection, codec buffers, CUDA-graph capture): for each
+        level of `warmup_streams`, that many streams at once."""
         started = time.perf_counter()
-        request = SynthesisRequest(text="Warm up.", max_duration_s=0.2)
-        try:
-            handle = self.state.scheduler.submit(request)
-        except ValueError as exc:  # e.g. a model that needs a voice prompt: serve cold, and say so
-            log_event(log, "server.warmup_skipped", level=logging.WARNING, reason=str(exc))
-            return
-        await handle.collect()
-        log_event(log, "server.warmed_up", seconds=round(time.perf_counter() - started, 3))
+        for level in self.state.config.warmup_streams:
+            requests = [SynthesisRequest(text="Warm up.", seed=n, max_duration_s=0.2) for n in range(level)]
+            handles = []
+            try:
+                for request in requests:
+                    handles.append(self.state.scheduler.submit(request))
+            except ValueError as exc:  # e.g. a model that needs a voice prompt: serve cold, and say so
+                for handle in handles:
+                    handle.cancel()
+                log_event(log, "server.warmup_skipped", level=logging.WARNING, reason=str(exc))
+                return
+            await asyncio.gather(*(handle.collect() for handle in handles))
+        log_event(
+            log,
+            "server.warmed_up",
+            seconds=round(time.perf_counter() - started, 3),
+            levels=list(self.state.config.warmup_streams),
+        )
 
     # ---- background-thread mode (tests, benchmark) ----------------------------------------
     def start(self, timeout_s: float = 60.0) -> ServerHandle:

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import logging
 import sys
+import time
 from pathlib import Path
 
 __all__ = ["main"]
@@ -52,6 +53,13 @@ def _add_synth(subparsers) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: fp32 on cpu, bf16 on cuda")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="untimed runs of the same request first (graph capture, kernel selection), so that the reported "
+        "time to first audio and real-time factor are the steady state's",
+    )
     _add_model_options(p)
     p.set_defaults(handler=_run_synth)
 
@@ -118,9 +126,18 @@ def _fused_swiglu_mode(args: argparse.Namespace):
     return mode
 
 
-def _install_regions(model, args: argparse.Namespace, device: str) -> None:
+def _warmup_streams(max_streams: int) -> tuple[int, ...]:
+    """The executor's batch buckets up to max_streams (and max_streams itself): the warm-up levels that
+    capture every batch size's graphs before the server reports ready."""
+    from tilevox.executor.graphs import BATCH_BUCKETS
+
+    return tuple(sorted({b for b in BATCH_BUCKETS if b < max_streams} | {max_streams}))
+
+
+def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
     """Route the asked regions through the megakernel (unknown names are a usage error, ValueError), and
-    the model's other regions through the executor's CUDA graphs as --cuda-graphs says."""
+    the model's other regions through the executor's CUDA graphs as --cuda-graphs says. Returns whether
+    the executor's backends were installed."""
     from tilevox.models.region_backends import executor_region_names, region_names
 
     on_megakernel: set[str] = set()
@@ -133,11 +150,12 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> None:
         )
         on_megakernel = {name for name, reason in installed.items() if reason is None}
     if args.cuda_graphs == "off" or (args.cuda_graphs == "auto" and device != "cuda"):
-        return
+        return False
     from tilevox.executor import install_graph_regions
 
     regions = (*region_names(model), *executor_region_names(model))
-    install_graph_regions(model, [name for name in regions if name not in on_megakernel])
+    installed = install_graph_regions(model, [name for name in regions if name not in on_megakernel])
+    return any(reason is None for reason in installed.values())
 
 
 def _run_synth(args: argparse.Namespace) -> int:
@@ -175,6 +193,13 @@ def _run_synth(args: argparse.Namespace) -> int:
         print(f"warning: {args.model} has {RANDOM_WEIGHTS_NOTE}", file=sys.stderr)
     _install_regions(model, args, str(args.device))
     model.validate(request)
+    if args.warmup < 0:
+        raise CommandError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.warmup:
+        started = time.perf_counter()
+        for _ in range(args.warmup):
+            synthesize(model, request)
+        print(f"warm-up: {args.warmup} untimed run(s), {time.perf_counter() - started:.2f} s", file=sys.stderr)
     from tqdm import tqdm
 
     with tqdm(
@@ -319,14 +344,17 @@ def _run_serve(args: argparse.Namespace) -> int:
     )
     if model.is_random:
         print(f"warning: {model_spec} has {RANDOM_WEIGHTS_NOTE}", file=sys.stderr)
-    _install_regions(model, args, device)
+    graphs = _install_regions(model, args, device)
     if args.max_streams is not None and args.max_streams > model.max_streams:
         raise CommandError(
             f"--max-streams {args.max_streams} exceeds what {model.model_id} supports ({model.max_streams})"
         )
     max_streams = args.max_streams or model.max_streams
     config = dataclasses.replace(
-        probe, max_streams=max_streams, max_queued=max_streams if args.max_queued is None else args.max_queued
+        probe,
+        max_streams=max_streams,
+        max_queued=max_streams if args.max_queued is None else args.max_queued,
+        warmup_streams=_warmup_streams(max_streams) if graphs else (1,),
     )
 
     def on_ready(handle) -> None:

@@ -26,7 +26,11 @@ class ServerConfig:
     default_max_duration_s: float = 60.0
     idle_timeout_s: float = 30.0  # WebSocket/gRPC stream with no client message for this long is closed
     drain_timeout_s: float = 30.0  # SIGTERM: active streams get this long to finish
-    warmup: bool = True  # one short synthesis before /ready turns true
+    warmup: bool = True  # short syntheses before /ready turns true
+    # Concurrency levels of the warm-up: each level's streams are submitted at once, level after level.
+    # `tilevox serve` passes the executor's batch buckets when CUDA graphs are on, so that their graphs are
+    # captured before the first client instead of while clients' streams wait.
+    warmup_streams: tuple[int, ...] = (1,)
     strict_voices: bool = (
         False  # Riva surface: refuse voice names that match nothing (default: the default voice + one warning)
     )
@@ -48,6 +52,10 @@ class ServerConfig:
             raise ValueError(f"max_queued must be >= 0, got {self.max_queued}")
         if self.max_batch is not None and not (1 <= self.max_batch <= self.max_streams):
             raise ValueError(f"max_batch must be in [1, max_streams={self.max_streams}], got {self.max_batch}")
+        if not self.warmup_streams or not all(1 <= n <= self.max_streams for n in self.warmup_streams):
+            raise ValueError(
+                f"warmup_streams must be levels in [1, max_streams={self.max_streams}], got {self.warmup_streams}"
+            )
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable authentication)")
         if self.max_text_chars < 1:

@@ -76,6 +76,8 @@ def test_drain_deadline_cuts_streams_that_run_too_long(server_factory):
         ({"api_key": " "}, "api_key"),
         ({"device": "tpu"}, "device"),
         ({"idle_timeout_s": 0}, "idle_timeout_s"),
+        ({"warmup_streams": (1, 33)}, "warmup_streams"),
+        ({"warmup_streams": ()}, "warmup_streams"),
     ],
 )
 def test_config_validation(kwargs, match):
@@ -140,3 +142,25 @@ def test_serve_rejects_more_streams_than_the_model_supports(capsys):
     )
     err = capsys.readouterr().err
     assert "tilevox: error: --max-streams 999 exceeds" in err
+
+
+def test_warm_up_runs_each_level_at_once_so_the_executor_captures_those_batch_sizes():
+    """Before /ready: each warm-up level's streams step together, so every batch bucket named has been
+    through the executor's backends (graphs captured on a GPU; here, on CPU, the same code eagerly)."""
+    from tests.server.conftest import make_server
+    from tilevox.executor import GraphOptions, install_graph_regions
+    from tilevox.models.registry import load_model
+    from tilevox.server.cli import _warmup_streams
+
+    assert _warmup_streams(256)[-3:] == (128, 192, 256) and _warmup_streams(40) == (1, 2, 4, 8, 16, 24, 32, 40)
+    model = load_model("random:qwen3-tts-tiny")
+    install_graph_regions(model, options=GraphOptions(capture=False))
+    server = make_server(model, max_streams=4, warmup_streams=(1, 3, 4))
+    try:
+        assert server.state.is_ready
+        buckets = {key[0] for key in model.talker_step_backend.keys_used}
+        assert {1, 4} <= buckets
+        assert {key[0] for key in model.codec_decode_backend.keys_used} >= {1, 4}
+        assert server.state.scheduler.num_active == 0
+    finally:
+        server.stop()

@@ -43,6 +43,27 @@ def test_synth_decode_mode_reaches_the_model(tmp_path, monkeypatch):
     assert loaded[-1].options.decode_mode == "exact"
 
 
+def test_synth_warmup_runs_the_request_first_and_writes_the_same_audio(tmp_path, capsys, monkeypatch):
+    """--warmup N: N untimed runs of the same request (synth imports synthesize from models.streaming
+    when it runs), then the reported one, whose audio is what a cold run writes."""
+    from tilevox.models import streaming
+
+    runs = []
+    original = streaming.synthesize
+
+    def counting(*args, **kwargs):
+        runs.append(args[1])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(streaming, "synthesize", counting)
+    argv = ["synth", "--model", "random:llama-tiny", "--text", "Hello", "--max-duration", "0.4", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "a.wav")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "b.wav"), "--warmup", "2"]) == 0
+    assert len(runs) == 4 and len({r.text for r in runs}) == 1
+    assert "warm-up: 2 untimed run(s)" in capsys.readouterr().err
+    assert (soundfile.read(tmp_path / "a.wav")[0] == soundfile.read(tmp_path / "b.wav")[0]).all()
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
