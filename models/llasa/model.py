@@ -33,7 +33,7 @@ from tilevox.models.region_backends import (
 from tilevox.models.sampling import SamplingParams, make_generator, sample_tokens
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 from tilevox.models.xcodec2.model import XCodec2Decoder
-from tilevox.models.xcodec2.streaming import XCodec2StreamDecoder
+from tilevox.models.xcodec2.streaming import XCodec2StreamDecoder, push_many
 
 __all__ = ["DEFAULT_VOICE", "LlasaModel", "StreamCapacityError", "llasa_region_modules"]
 
@@ -253,25 +253,34 @@ class LlasaModel(SpeechModel):
                     ),
                 )
             token_list = tokens.tolist()
-        chunks: list[AudioChunk] = []
-        going_on: list[int] = []  # batch rows that continue to the decode below
+        chunks: list[AudioChunk | None] = [None] * len(ids)
+        pushed: list[int] = []  # batch rows whose token goes to their codec
         for row, (stream_id, stream, token) in enumerate(zip(ids, streams, token_list)):
             if self.token_observer is not None:
                 self.token_observer(stream_id, token)
             if token == self.tokenizer.speech_end_id:
-                chunks.append(AudioChunk(stream_id, stream.codec.flush(), 0, FinishReason.STOP))
+                chunks[row] = AudioChunk(stream_id, stream.codec.flush(), 0, FinishReason.STOP)
                 self._release(stream_id)
                 continue
             stream.generated[stream.num_generated] = tokens[row]
             stream.num_generated += 1
-            with record_function("tilevox.codec_decode"):
-                samples = stream.codec.push(tokens[row : row + 1] - self.tokenizer.speech_offset)
+            pushed.append(row)
+        with record_function("tilevox.codec_decode"):
+            # Every stream's due blocks in one decoder call per window length. The logit mask admits
+            # speech tokens (and the end token, handled above) only, so the codes need no range check.
+            codes = tokens - self.tokenizer.speech_offset
+            audio = push_many(
+                [streams[row].codec for row in pushed], [codes[row : row + 1] for row in pushed], check_range=False
+            )
+        going_on: list[int] = []  # batch rows that continue to the decode below
+        for row, samples in zip(pushed, audio, strict=True):
+            stream_id, stream = ids[row], streams[row]
             if stream.num_generated >= stream.max_new_tokens:
                 samples = np.concatenate([samples, stream.codec.flush()])
-                chunks.append(AudioChunk(stream_id, samples, 1, FinishReason.LENGTH))
+                chunks[row] = AudioChunk(stream_id, samples, 1, FinishReason.LENGTH)
                 self._release(stream_id)
                 continue
-            chunks.append(AudioChunk(stream_id, samples, 1))
+            chunks[row] = AudioChunk(stream_id, samples, 1)
             going_on.append(row)
         if going_on:
             slots = [streams[row].slot for row in going_on]
@@ -280,6 +289,9 @@ class LlasaModel(SpeechModel):
                 next_logits = decode(self._cache, slots, tokens[going_on])  # (B', V), one batched call
             for out_row, row in enumerate(going_on):
                 streams[row].pending_logits = next_logits[out_row]
+        missing = [ids[row] for row, chunk in enumerate(chunks) if chunk is None]
+        if missing:
+            raise RuntimeError(f"step produced no chunk for streams {missing}")
         return chunks
 
     def close(self, stream_id: int) -> bool:

@@ -5,7 +5,10 @@ its own C * 320 samples are kept (exact trim; a crossfade measured no better, as
 at block seams). Windows depend only on the frame count, so audio does not depend on push sizes.
 Defaults L = 150 (3 s), A = 8 (160 ms), C = 5: samples come out 160-240 ms after their code, first
 audio after 13 frames (260 ms). Attention and GroupNorm see the whole utterance, so streamed audio
-is not the full decode: measured error by the constants below. Imports: torch, numpy, models.xcodec2.
+is not the full decode: measured error by the constants below. `push_many` advances several streams at
+once and decodes their due blocks of equal window length in one batched decoder call (what a server
+step does): each stream gets the samples its own `push` gives, up to the batch's float rounding.
+Imports: torch, numpy, models.xcodec2.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "StreamError",
     "XCodec2StreamDecoder",
     "measure_stream_error",
+    "push_many",
 ]
 
 # 3 s of left context (what users of xcodec2 streaming report needing); 160 ms of lookahead
@@ -100,21 +104,47 @@ class XCodec2StreamDecoder:
         """Worst-case delay from a frame's code to its samples (block wait plus lookahead)."""
         return (self.chunk_frames - 1 + self.lookahead_frames) * 1000.0 * self.hop_samples / self.decoder.sample_rate_hz
 
-    def push(self, codes: torch.Tensor) -> np.ndarray:
-        """Append (n,) int64 codes; return the float32 samples that became final (maybe none)."""
+    def push(self, codes: torch.Tensor, *, check_range: bool = True) -> np.ndarray:
+        """Append (n,) int64 codes; return the float32 samples that became final (maybe none).
+        check_range=False skips the range check (two host syncs) for codes known to be valid."""
+        return push_many([self], [codes], check_range=check_range, batched=False)[0]
+
+    def _append(self, codes: torch.Tensor, check_range: bool) -> None:
         if self._is_flushed:
             raise ValueError("push after flush: this stream has ended")
         if codes.dim() != 1 or codes.dtype != torch.long:
             raise ValueError(f"codes must be a 1-D int64 tensor, got {tuple(codes.shape)} {codes.dtype}")
         size = self.decoder.config.codebook_size
-        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= size):
+        if check_range and codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= size):
             raise ValueError(f"codes must lie in [0, {size}), got [{int(codes.min())}, {int(codes.max())}]")
         self._buffer = torch.cat([self._buffer, codes.to(self._buffer.device)])
-        pieces = []
-        while self._next_frame + self.chunk_frames + self.lookahead_frames <= self.num_frames:
-            end = self._next_frame + self.chunk_frames
-            pieces.append(self._decode_block(self._next_frame, end, end + self.lookahead_frames))
-        return _concat(pieces)
+
+    def _due_windows(self) -> list[tuple[int, int, int, torch.Tensor]]:
+        """The blocks that are decodable now, in order: (start, end, window start, window codes). The
+        codes are taken before any block is emitted (emitting drops codes earlier windows needed)."""
+        due, start = [], self._next_frame
+        while start + self.chunk_frames + self.lookahead_frames <= self.num_frames:
+            end = start + self.chunk_frames
+            due.append(self._window(start, end, end + self.lookahead_frames))
+            start = end
+        return due
+
+    def _window(self, start: int, end: int, window_end: int) -> tuple[int, int, int, torch.Tensor]:
+        window_start = max(0, start - self.left_context_frames)
+        codes = self._buffer[window_start - self._buffer_start : window_end - self._buffer_start]
+        return start, end, window_start, codes
+
+    def _emit(self, start: int, end: int, window_start: int, audio: torch.Tensor) -> torch.Tensor:
+        """Keep frames [start, end) of a decoded window's audio (window frames * hop,); advance."""
+        first = (start - window_start) * self.hop_samples
+        samples = audio[first : first + (end - start) * self.hop_samples]
+        self._next_frame = end
+        # Drop codes no later window can reach.
+        keep_from = max(0, end - self.left_context_frames)
+        if keep_from > self._buffer_start:
+            self._buffer = self._buffer[keep_from - self._buffer_start :]
+            self._buffer_start = keep_from
+        return samples
 
     def flush(self) -> np.ndarray:
         """End the utterance: return the samples of every frame not yet emitted."""
@@ -125,22 +155,46 @@ class XCodec2StreamDecoder:
             return np.zeros(0, dtype=np.float32)
         # The tail (fewer than chunk + lookahead frames) is one window up to the true end, as
         # the full decode sees it; which frames are left depends only on the frame count.
-        return self._decode_block(self._next_frame, self.num_frames, self.num_frames)
-
-    def _decode_block(self, start: int, end: int, window_end: int) -> np.ndarray:
-        window_start = max(0, start - self.left_context_frames)
-        lo, hi = window_start - self._buffer_start, window_end - self._buffer_start
+        start, end, window_start, codes = self._window(self._next_frame, self.num_frames, self.num_frames)
         with torch.inference_mode():
-            audio = self.decoder(self._buffer[lo:hi].unsqueeze(0))[0]  # (window frames * hop,)
-        first = (start - window_start) * self.hop_samples
-        samples = audio[first : first + (end - start) * self.hop_samples]
-        self._next_frame = end
-        # Drop codes no later window can reach.
-        keep_from = max(0, end - self.left_context_frames)
-        if keep_from > self._buffer_start:
-            self._buffer = self._buffer[keep_from - self._buffer_start :]
-            self._buffer_start = keep_from
-        return samples.float().cpu().numpy()
+            audio = self.decoder(codes.unsqueeze(0))[0]  # (window frames * hop,)
+        return self._emit(start, end, window_start, audio).float().cpu().numpy()
+
+
+def push_many(
+    streams: Sequence[XCodec2StreamDecoder],
+    codes: Sequence[torch.Tensor],
+    *,
+    check_range: bool = True,
+    batched: bool = True,
+) -> list[np.ndarray]:
+    """`push` of codes[i] to streams[i] for every i (streams of one decoder), with every due block of
+    every stream decoded in one decoder call per window length (in a steady stream all windows have
+    left context + block + lookahead frames, so a server step needs one call); one device-to-host copy
+    per call. batched=False decodes each block alone (bit for bit what a lone stream gets). Returns each
+    stream's newly final samples."""
+    if len(streams) != len(codes):
+        raise ValueError(f"{len(streams)} streams for {len(codes)} code tensors")
+    if len({id(s) for s in streams}) != len(streams):
+        raise ValueError("each stream at most once per push_many")
+    for stream, new in zip(streams, codes, strict=True):
+        stream._append(new, check_range)
+    jobs = [(row, window) for row, stream in enumerate(streams) for window in stream._due_windows()]
+    by_length: dict[tuple[int, int], list[int]] = {}
+    for index, (_, (_, _, _, window)) in enumerate(jobs):
+        by_length.setdefault((window.numel(), 0 if batched else index), []).append(index)
+    audio: list[np.ndarray | None] = [None] * len(jobs)
+    for indices in by_length.values():
+        decoder = streams[jobs[indices[0]][0]].decoder
+        with torch.inference_mode():
+            decoded = decoder(torch.stack([jobs[i][1][3] for i in indices]))  # (G, window frames * hop)
+        host = decoded.float().cpu().numpy()
+        for row_in_call, index in enumerate(indices):
+            audio[index] = host[row_in_call]
+    pieces: list[list[np.ndarray]] = [[] for _ in streams]
+    for index, (row, (start, end, window_start, _)) in enumerate(jobs):  # in each stream's block order
+        pieces[row].append(streams[row]._emit(start, end, window_start, audio[index]))
+    return [_concat(p) for p in pieces]
 
 
 def _concat(pieces: list[np.ndarray]) -> np.ndarray:

@@ -1,6 +1,6 @@
 """End to end over the real tiny model (random:llama-tiny, 16 kHz) on loopback sockets:
 the same request and seed through every API decodes to the same samples as a solo run, and
-32 concurrent streams each equal their solo output."""
+32 concurrent streams each equal their solo output (to one int16 step: batched float rounding)."""
 
 from __future__ import annotations
 
@@ -135,9 +135,12 @@ def test_32_concurrent_streams_each_equal_their_solo_output(tiny_server, referen
     for i, (text, seed) in enumerate(jobs):
         status, content = results[i]
         assert status == 200, content[:200]
-        np.testing.assert_array_equal(
-            np.frombuffer(content, "<i2"), _solo_pcm(reference_model, text, seed), err_msg=f"stream {i}"
-        )
+        # Same tokens, same samples up to the rounding of batched float math: the server decodes the
+        # codec blocks of all its streams in one call (and batches the LM), a solo run one at a time.
+        # One int16 step (1/32768) apart at most; another token anywhere would differ by far more.
+        served, solo = np.frombuffer(content, "<i2").astype(np.int32), _solo_pcm(reference_model, text, seed)
+        assert served.shape == solo.shape, f"stream {i}"
+        assert np.abs(served - solo).max() <= 1, f"stream {i}"
 
 
 def test_websocket_cancel_mid_stream_on_real_model(tiny_server):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tilevox.models.xcodec2 import XCodec2Config, XCodec2StreamDecoder, random_xcodec2_decoder
-from tilevox.models.xcodec2.streaming import STREAM_MAX_LSD_DB, STREAM_MIN_SNR_DB, measure_stream_error
+from tilevox.models.xcodec2.streaming import STREAM_MAX_LSD_DB, STREAM_MIN_SNR_DB, measure_stream_error, push_many
 
 TINY = XCodec2Config.preset("tiny")
 PUSH_SIZES = (1, 4, 7, 2, 5, 3, 6)
@@ -120,3 +120,43 @@ def test_latency_and_memory_bound(model):
     # Only codes a later window can reach are kept.
     kept_frames = stream.num_frames - stream._buffer_start
     assert kept_frames <= stream.left_context_frames + stream.chunk_frames + stream.lookahead_frames
+
+
+def test_push_many_equals_each_stream_alone(model):
+    """Streams started at different times (so their windows differ in length early on), pushed together
+    one code per step with uneven pushes mixed in: each gets what it gets alone, to float rounding, and
+    every step's due blocks of one window length go through one decoder call."""
+    options = {"left_context_frames": 12, "lookahead_frames": 3, "chunk_frames": 4}
+    lengths, starts = [70, 45, 60, 30], [0, 3, 9, 20]
+    codes = [_codes(n, 40 + i) for i, n in enumerate(lengths)]
+    alone = [_stream(model, c, (1,), **options)[0] for c in codes]
+    streams = [XCodec2StreamDecoder(model, **options) for _ in codes]
+    got: list[list[np.ndarray]] = [[] for _ in codes]
+    calls = []
+    real_forward = type(model).forward
+
+    def counting(self, batch):
+        calls.append(batch.shape)
+        return real_forward(self, batch)
+
+    pos = [0] * len(codes)
+    step = 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(model), "forward", counting)
+        while any(p < n for p, n in zip(pos, lengths)):
+            live = [i for i in range(len(codes)) if starts[i] <= step and pos[i] < lengths[i]]
+            sizes = {i: 1 if step % 7 else min(3, lengths[i] - pos[i]) for i in live}
+            before = len(calls)
+            out = push_many([streams[i] for i in live], [codes[i][pos[i] : pos[i] + sizes[i]] for i in live])
+            window_lengths = [shape[1] for shape in calls[before:]]
+            assert len(window_lengths) == len(set(window_lengths))  # one call per window length
+            for i, samples in zip(live, out):
+                got[i].append(samples)
+                pos[i] += sizes[i]
+            step += 1
+    assert any(shape[0] > 1 for shape in calls)  # blocks of several streams really shared calls
+    for i, stream in enumerate(streams):
+        got[i].append(stream.flush())
+        np.testing.assert_allclose(np.concatenate(got[i]), alone[i], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="at most once"):
+        push_many([streams[0], streams[0]], [codes[0][:1], codes[0][:1]])
