@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import statistics
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import commit, device_name
+from benchmarks.common import commit, device_name, utc_now
 from tilevox.models.registry import load_model, parse_dtype
 from tilevox.models.streaming import SynthesisRequest
 
@@ -224,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "frame_breakdown",
         "device": device_name(device.type),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "date": utc_now(),
         "commit": commit(),
         "torch": torch.__version__,
         "dtype": str(dtype),

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["LevelResult", "RequestResult", "ServerProcess", "plot", "request_result", "run_level"]
+__all__ = ["LevelResult", "RequestResult", "ServerProcess", "plot", "request_result", "run_level", "serve_command"]
 
 TEXTS = (
     "The quick brown fox jumps over the lazy dog, and then it runs back into the quiet forest.",
@@ -203,25 +203,30 @@ async def run_level(
     return level
 
 
+def serve_command(http_port: int, grpc_port: int, *serve_args: str) -> list[str]:
+    """The argv of `tilevox serve` on loopback at these ports, run by this Python."""
+    return [
+        sys.executable,
+        "-m",
+        "tilevox.server.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        *serve_args,
+    ]
+
+
 class ServerProcess:
     """`tilevox serve` on free loopback ports, ready (GET /ready is 200) inside the `with` block, drained
     with SIGTERM when it ends. Its log goes to a file (a pipe would fill and block it)."""
 
     def __init__(self, serve_args: list[str], *, log_path: Path, start_timeout_s: float = 600.0, env=None):
         self.http_port, self.grpc_port = _free_port(), _free_port()
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "tilevox.server.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            str(self.http_port),
-            "--grpc-port",
-            str(self.grpc_port),
-            *serve_args,
-        ]
+        self.cmd = serve_command(self.http_port, self.grpc_port, *serve_args)
         self.log_path = Path(log_path)
         self.start_timeout_s = start_timeout_s
         self.env = env

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from tests.server.fake_model import FakeSpeechModel
 from tilevox.server.app import ServerHandle
+from tilevox.server.bench import serve_command
 from tilevox.server.config import ServerConfig
 
 API_KEY = "test-key-123"
@@ -46,21 +46,8 @@ REPO = Path(__file__).resolve().parents[2]
 def serve_subprocess(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, int, int]:
     """`tilevox serve` as a user runs it, on free loopback ports: (process, HTTP port, gRPC port)."""
     http_port, grpc_port = free_port(), free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "tilevox.server.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        str(http_port),
-        "--grpc-port",
-        str(grpc_port),
-        *args,
-    ]
     proc = subprocess.Popen(
-        cmd,
+        serve_command(http_port, grpc_port, *args),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -7,7 +7,6 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import free_port, serve_subprocess, wait_ready
+from tilevox.server.bench import serve_command
 from tilevox.server.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,18 +62,7 @@ def test_a_second_server_cannot_share_the_grpc_port():
     try:
         wait_ready(first, http_port)
         second = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tilevox.server.cli",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--http-port",
-                str(free_port()),
-                "--grpc-port",
-                str(grpc_port),
-            ],
+            serve_command(free_port(), grpc_port),
             cwd=REPO,
             capture_output=True,
             text=True,
