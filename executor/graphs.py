@@ -1,4 +1,5 @@
-"""Conventional regions captured as CUDA graphs: one graph per (batch bucket, key-length bucket).
+"""Conventional regions captured as CUDA graphs: one graph per batch bucket and, where a region reads a
+growing length, per length bucket (keys for attention, frames for the codec, history for sampling).
 
 Each backend stands in for one region a model declares (models.region_backends) with the same call and
 results as the conventional call, installed through `set_region_backend`, so the model never knows what
@@ -8,7 +9,10 @@ static number of keys, the next key bucket (a power of two from 256, capped at t
 per row as the eager path masks. Inputs are copied into the graph's static buffers on the device; per-row
 host values go through one pinned, asynchronous copy, so a call adds no host synchronisation.
 The code-predictor loop samples every head inside its graph with executor.sampling (the megakernel's
-counter-based draw: stream seed, frame x (Q-1) + head), so its draws never depend on the batch.
+counter-based draw: stream seed, frame x (Q-1) + head), so its draws never depend on the batch; token
+sampling (the models' executor region) draws every stream's next token the same way (stream seed,
+SAMPLING_COUNTER_BASE + token index) after batched penalties. The Qwen3-TTS codec decode gathers its
+rows' states from the model's slot-indexed pool, decodes and scatters them back inside its graph.
 
 `GraphOptions(capture=False)`, or a CPU model, runs exactly the same code eagerly: the CPU reference.
 A call a backend cannot take (a prefill of several positions, a batch above max_batch, predictor
@@ -413,8 +417,8 @@ GRAPH_BACKENDS: dict[str, type[_GraphBackend]] = {
 def install_graph_regions(
     model: object, names: Iterable[str] | None = None, options: GraphOptions = GraphOptions()
 ) -> dict[str, str | None]:
-    """Route each region in `names` (default: all the model's decoder and codec regions) through its graph backend.
-    Returns name -> None (installed) or the reason it stays as it was (also logged)."""
+    """Route each region in `names` (default: all the model's decoder and executor regions) through its
+    graph backend. Returns name -> None (installed) or the reason it stays as it was (also logged)."""
     result: dict[str, str | None] = {}
     for name in (*region_names(model), *executor_region_names(model)) if names is None else names:
         backend_class = GRAPH_BACKENDS.get(name)

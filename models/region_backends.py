@@ -6,7 +6,8 @@ instance attribute `<name>_backend`, None for the conventional PyTorch path. A b
 with the same signature and results as the conventional call it replaces (the Protocols below), so
 models stay unaware of what runs it. Executor regions (class attribute `executor_region_names`, modules
 in `executor_region_modules()`: the codec decode, token sampling) are routed the same way but are no
-decoder networks: the executor runs them, the region compiler does not compile them. Imports: torch, models.sampling (model types only for typing).
+decoder networks: the executor runs them, the region compiler does not compile them.
+Imports: torch, models.sampling (model types only for typing).
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ class XCodec2StreamDecoder:
         codes = self._buffer[window_start - self._buffer_start : window_end - self._buffer_start]
         return start, end, window_start, codes
 
-    def _emit(self, start: int, end: int, window_start: int, audio: torch.Tensor) -> torch.Tensor:
+    def _emit(self, start: int, end: int, window_start: int, audio: torch.Tensor | np.ndarray):
         """Keep frames [start, end) of a decoded window's audio (window frames * hop,); advance."""
         first = (start - window_start) * self.hop_samples
         samples = audio[first : first + (end - start) * self.hop_samples]
@@ -168,7 +168,7 @@ def push_many(
     check_range: bool = True,
     batched: bool = True,
 ) -> list[np.ndarray]:
-    """`push` of codes[i] to streams[i] for every i (streams of one decoder), with every due block of
+    """`push` of codes[i] to streams[i] for every i, with every due block of
     every stream decoded in one decoder call per window length (in a steady stream all windows have
     left context + block + lookahead frames, so a server step needs one call); one device-to-host copy
     per call. batched=False decodes each block alone (bit for bit what a lone stream gets). Returns each
@@ -180,9 +180,10 @@ def push_many(
     for stream, new in zip(streams, codes, strict=True):
         stream._append(new, check_range)
     jobs = [(row, window) for row, stream in enumerate(streams) for window in stream._due_windows()]
-    by_length: dict[tuple[int, int], list[int]] = {}
-    for index, (_, (_, _, _, window)) in enumerate(jobs):
-        by_length.setdefault((window.numel(), 0 if batched else index), []).append(index)
+    by_length: dict[tuple[int, int, int], list[int]] = {}  # (decoder, window length, 0 or the job)
+    for index, (row, (_, _, _, window)) in enumerate(jobs):
+        key = (id(streams[row].decoder), window.numel(), 0 if batched else index)
+        by_length.setdefault(key, []).append(index)
     audio: list[np.ndarray | None] = [None] * len(jobs)
     for indices in by_length.values():
         decoder = streams[jobs[indices[0]][0]].decoder
