@@ -105,6 +105,7 @@ class StreamStats:
 
 
 _END = object()
+MAX_JOINED_CHUNKS = 8  # model chunks a StreamHandle joins into one array at most
 
 
 def _put_all(items: list[tuple[StreamHandle, object]]) -> None:
@@ -117,8 +118,8 @@ class StreamHandle:
     """The asyncio-side view of one stream: `async for samples in handle` yields float32 arrays
     (never empty) until the stream finishes; then `handle.stats` is set. Raises SynthesisFailed
     if the model failed. `cancel()` is safe from any thread and idempotent. Chunks that are already
-    waiting when the consumer asks come as one array (a consumer that falls behind catches up in one
-    write instead of one per frame)."""
+    waiting when the consumer asks come joined, up to MAX_JOINED_CHUNKS per array (a consumer that falls
+    behind catches up in fewer writes, and a fast producer's audio still streams in pieces)."""
 
     def __init__(
         self, scheduler: Scheduler, handle_id: int, request: SynthesisRequest, loop: asyncio.AbstractEventLoop
@@ -164,7 +165,7 @@ class StreamHandle:
             item = await self._queue.get()
         if isinstance(item, np.ndarray):
             pieces = [item]
-            while not self._queue.empty():
+            while len(pieces) < MAX_JOINED_CHUNKS and not self._queue.empty():
                 waiting = self._queue.get_nowait()
                 if not isinstance(waiting, np.ndarray):
                     self._held = waiting

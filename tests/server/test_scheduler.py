@@ -325,3 +325,18 @@ def test_waiting_chunks_come_as_one_array_and_the_end_still_follows():
         assert handle.stats is stats
 
     _run(main())
+
+
+def test_joining_stops_at_max_joined_chunks():
+    from tilevox.server.scheduler import MAX_JOINED_CHUNKS, StreamHandle
+
+    async def main():
+        handle = StreamHandle(None, 0, _req("x"), asyncio.get_running_loop())
+        chunks = [np.full(2, float(n), dtype=np.float32) for n in range(MAX_JOINED_CHUNKS + 3)]
+        for chunk in chunks:
+            handle._queue.put_nowait(chunk)
+        first, second = await handle.__anext__(), await handle.__anext__()
+        np.testing.assert_array_equal(first, np.concatenate(chunks[:MAX_JOINED_CHUNKS]))
+        np.testing.assert_array_equal(second, np.concatenate(chunks[MAX_JOINED_CHUNKS:]))
+
+    _run(main())
