@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from tilevox.models.sampling import SamplingParams
+from tilevox.models.sampling import SamplingParams, sample_tokens
 
 if TYPE_CHECKING:
     from tilevox.models.llama.model import LlamaKVCache
@@ -44,6 +44,7 @@ __all__ = [
     "TalkerStepBackend",
     "TokenSamplingBackend",
     "backend_attribute",
+    "draw_tokens",
     "executor_region_names",
     "region_module",
     "region_names",
@@ -122,26 +123,51 @@ class SamplingRows:
     """Per-row sampling of a batch of streams' next tokens, as models.sampling.sample_tokens does it with
     the streams' generators: `history[b]` holds row b's generated tokens (repetition penalty,
     min_new_tokens), `stop_token_ids` the ids held back until min_new_tokens exist. A backend that draws
-    on the device uses the counter-based RNG at (seeds[b], counters[b]) instead of the generator."""
+    on the device uses the counter-based RNG at (seeds[b], counters[b]) instead of the generator, where
+    the counter is SAMPLING_COUNTER_BASE + the row's token index (its history length)."""
 
     params: tuple[SamplingParams, ...]
     seeds: tuple[int, ...]
-    counters: tuple[int, ...]
     history: tuple[torch.Tensor, ...]
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if not len(self.params) == len(self.seeds) == len(self.counters) == len(self.history):
+        if not len(self.params) == len(self.seeds) == len(self.history):
             raise ValueError(
-                f"one params, seed, counter and history per row: got {len(self.params)}, {len(self.seeds)}, "
-                f"{len(self.counters)}, {len(self.history)}"
+                f"one params, seed and history per row: got {len(self.params)}, {len(self.seeds)}, {len(self.history)}"
             )
+
+    @property
+    def counters(self) -> tuple[int, ...]:
+        return tuple(SAMPLING_COUNTER_BASE + int(h.shape[0]) for h in self.history)
 
 
 class TokenSamplingBackend(Protocol):
     """Logits (B, V) and their rows -> (B,) int64 tokens on the logits' device."""
 
     def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor: ...
+
+
+def draw_tokens(
+    backend: TokenSamplingBackend | None,
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator],
+    history: Sequence[torch.Tensor],
+    stop_token_ids: tuple[int, ...],
+) -> torch.Tensor:
+    """Each row's next token (B,) int64: models.sampling.sample_tokens with the streams' generators, or,
+    where a token_sampling backend is installed, that backend given the same rows (seeded by each
+    generator's initial seed, see SamplingRows)."""
+    if backend is None:
+        return sample_tokens(logits, params, generators, history, stop_token_ids=stop_token_ids)
+    rows = SamplingRows(
+        params=tuple(params),
+        seeds=tuple(g.initial_seed() for g in generators),
+        history=tuple(history),
+        stop_token_ids=stop_token_ids,
+    )
+    return backend(logits, rows)
 
 
 def executor_region_names(model: object) -> tuple[str, ...]:

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # H200 run of the executor (issue 12); `executor_h200.sh final`: tests, synth, breakdown and both load curves at once.
-# `executor_h200.sh tests`: the GPU
-# tests (graph replay equals
-# the eager executor bit for bit; slot reuse; capacity), `tilevox synth` with --cuda-graphs auto, and the frame
+# `executor_h200.sh tests`: the GPU tests (graph replay equals the eager executor bit for bit; slot reuse;
+# capacity), `tilevox synth` with --cuda-graphs auto, and the frame
 # breakdown (benchmarks/frame_breakdown.py: step time by phase, graphs off vs on). `executor_h200.sh bench`:
 # a torch.profiler kernel table of the graphed steps at 1 and 32 streams (profile.txt), then `tilevox bench` (TTFA,
 # RTF, stalls, throughput) with the graphs on vs off, side by side in one run.

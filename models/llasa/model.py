@@ -24,13 +24,12 @@ from tilevox.models.region_backends import (
     DECODER_STEP,
     LLASA_EXECUTOR_REGIONS,
     LLASA_REGIONS,
-    SAMPLING_COUNTER_BASE,
     TOKEN_SAMPLING,
     DecoderStepBackend,
-    SamplingRows,
     TokenSamplingBackend,
+    draw_tokens,
 )
-from tilevox.models.sampling import SamplingParams, make_generator, sample_tokens
+from tilevox.models.sampling import SamplingParams, make_generator
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 from tilevox.models.xcodec2.model import XCodec2Decoder
 from tilevox.models.xcodec2.streaming import XCodec2StreamDecoder, push_many
@@ -233,25 +232,14 @@ class LlasaModel(SpeechModel):
         streams = [self._streams[i] for i in ids]
         with record_function("tilevox.sampling"):
             logits = torch.stack([s.pending_logits for s in streams]).float() + self._logit_mask  # (B, V)
-            if self.token_sampling_backend is None:
-                tokens = sample_tokens(
-                    logits,
-                    [s.params for s in streams],
-                    [s.generator for s in streams],
-                    [s.generated[: s.num_generated] for s in streams],
-                    stop_token_ids=(self.tokenizer.speech_end_id,),
-                )  # (B,)
-            else:  # draws at (stream seed, SAMPLING_COUNTER_BASE + token index): see SamplingRows
-                tokens = self.token_sampling_backend(
-                    logits,
-                    SamplingRows(
-                        params=tuple(s.params for s in streams),
-                        seeds=tuple(s.generator.initial_seed() for s in streams),
-                        counters=tuple(SAMPLING_COUNTER_BASE + s.num_generated for s in streams),
-                        history=tuple(s.generated[: s.num_generated] for s in streams),
-                        stop_token_ids=(self.tokenizer.speech_end_id,),
-                    ),
-                )
+            tokens = draw_tokens(
+                self.token_sampling_backend,
+                logits,
+                [s.params for s in streams],
+                [s.generator for s in streams],
+                [s.generated[: s.num_generated] for s in streams],
+                stop_token_ids=(self.tokenizer.speech_end_id,),
+            )  # (B,)
             token_list = tokens.tolist()
         chunks: list[AudioChunk | None] = [None] * len(ids)
         pushed: list[int] = []  # batch rows whose token goes to their codec

@@ -32,15 +32,14 @@ from tilevox.models.region_backends import (
     CODEC_DECODE,
     QWEN3_TTS_EXECUTOR_REGIONS,
     QWEN3_TTS_REGIONS,
-    SAMPLING_COUNTER_BASE,
     TALKER_STEP,
     TOKEN_SAMPLING,
     CodecDecodeBackend,
     CodePredictorLoopBackend,
     PredictorRows,
-    SamplingRows,
     TalkerStepBackend,
     TokenSamplingBackend,
+    draw_tokens,
 )
 from tilevox.models.sampling import SamplingParams, make_generator, sample_tokens
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
@@ -466,23 +465,14 @@ class Qwen3TTSSpeechModel(SpeechModel):
         stream's generated codebook-0 tokens (the prompt is embeddings, so nothing else)."""
         self._observe("talker", streams, -1, logits)
         logits = logits.float().masked_fill(self._suppress, float("-inf"))
-        if self.token_sampling_backend is None:
-            tokens = sample_tokens(
-                logits,
-                [s.talker_params for s in streams],
-                [s.generator for s in streams],
-                [s.generated[: s.num_generated] for s in streams],
-                stop_token_ids=(self._eos,),
-            )
-        else:  # draws at (stream seed, SAMPLING_COUNTER_BASE + token index): see SamplingRows
-            rows = SamplingRows(
-                params=tuple(s.talker_params for s in streams),
-                seeds=tuple(s.generator.initial_seed() for s in streams),
-                counters=tuple(SAMPLING_COUNTER_BASE + s.num_generated for s in streams),
-                history=tuple(s.generated[: s.num_generated] for s in streams),
-                stop_token_ids=(self._eos,),
-            )
-            tokens = self.token_sampling_backend(logits, rows)
+        tokens = draw_tokens(
+            self.token_sampling_backend,
+            logits,
+            [s.talker_params for s in streams],
+            [s.generator for s in streams],
+            [s.generated[: s.num_generated] for s in streams],
+            stop_token_ids=(self._eos,),
+        )
         for row, s in enumerate(streams):
             s.generated[s.num_generated] = tokens[row]
             s.num_generated += 1

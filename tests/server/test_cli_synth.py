@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import soundfile
 
@@ -61,7 +62,7 @@ def test_synth_warmup_runs_the_request_first_and_writes_the_same_audio(tmp_path,
     assert main([*argv, "--out", str(tmp_path / "b.wav"), "--warmup", "2"]) == 0
     assert len(runs) == 4 and len({r.text for r in runs}) == 1
     assert "warm-up: 2 untimed run(s)" in capsys.readouterr().err
-    assert (soundfile.read(tmp_path / "a.wav")[0] == soundfile.read(tmp_path / "b.wav")[0]).all()
+    np.testing.assert_array_equal(soundfile.read(tmp_path / "a.wav")[0], soundfile.read(tmp_path / "b.wav")[0])
 
 
 @pytest.mark.parametrize(
