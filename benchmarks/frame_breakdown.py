@@ -1,8 +1,9 @@
 """Where a served frame's time goes: `SpeechModel.step` of B open streams, whole and by phase.
 
-For each model, batch size and executor setting (--cuda-graphs off: every op eager; on: the executor's
-CUDA-graph regions) this opens B streams with long texts, runs warm-up steps (graph capture happens there),
-then times `step` twice:
+For each model, batch size and executor setting (--graphs off: every op eager; on: the executor's
+CUDA-graph regions; compiled: the same, Inductor-compiled before capture) this opens B streams with long
+texts, runs warm-up steps (compilation and graph capture happen there: `warmup_s`), times a batched prefill
+of B more admissions beside them (`prefill_ms_median`, open_streams of B requests, fewer where the model holds fewer), then times `step` twice:
 
 - whole steps, as the server runs them (no extra syncs): wall clock per step with one sync after it;
 - by phase: the models label their phases with `torch.profiler.record_function("tilevox.<phase>")`; here
@@ -127,12 +128,22 @@ def measure(
     model, batch: int, *, warmup: int, steps: int, max_duration_s: float, profile_out: Path | None = None
 ) -> dict:
     device = model.device
+    started = time.perf_counter()
     streams = Streams(model, batch, max_duration_s)
     try:
         for _ in range(warmup):
             streams.step()
             streams.refill()
         _sync(device)
+        warmup_s = time.perf_counter() - started
+        prefill = []
+        admissions = min(batch, model.max_streams - batch)
+        for _ in range(3 if admissions else 0):  # admissions in one batched prefill, beside the running streams
+            start = time.perf_counter()
+            extra = Streams(model, admissions, max_duration_s)
+            _sync(device)
+            prefill.append((time.perf_counter() - start) * 1e3)
+            extra.close()
         whole = []
         for _ in range(steps):
             start = time.perf_counter()
@@ -168,6 +179,9 @@ def measure(
         "step_ms_median": step_ms,
         "step_ms_min": min(whole),
         "step_ms_synced_median": statistics.median(synced),
+        "prefill_admissions": admissions,
+        "prefill_ms_median": statistics.median(prefill) if prefill else None,
+        "warmup_s": warmup_s,
         "phases_ms_median": phases,
         "audio_s_per_s": batch * frame_s / (step_ms * 1e-3),
         "real_time_per_stream": frame_s * 1e3 / step_ms,
@@ -178,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="qwen3-tts-0.6b,llama-1b", help="random presets, comma separated")
     parser.add_argument("--batches", default="1,8,32")
-    parser.add_argument("--graphs", default="off,on", help="executor settings to compare: off, on or both")
+    parser.add_argument(
+        "--graphs", default="off,on", help="executor settings to compare, comma separated: off, on, compiled"
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default=None, help="default: bf16 on cuda, fp32 on cpu")
     parser.add_argument("--warmup", type=int, default=12)
@@ -193,10 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     for preset in args.models.split(","):
         for graphs in args.graphs.split(","):
             model = load_model(f"random:{preset}", device=device, dtype=dtype)
-            if graphs == "on":
-                from tilevox.executor import install_graph_regions
+            if graphs in ("on", "compiled"):
+                from tilevox.executor import GraphOptions, install_graph_regions
 
-                install_graph_regions(model)
+                install_graph_regions(model, options=GraphOptions(compile=graphs == "compiled"))
             for batch in (int(b) for b in args.batches.split(",")):
                 if args.profile_out is not None:
                     with args.profile_out.open("a") as f:
@@ -212,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 phases = ", ".join(f"{k} {v:.2f}" for k, v in row["phases_ms_median"].items())
                 print(
-                    f"{preset:16s} graphs={graphs:3s} B={batch:3d}  step {row['step_ms_median']:7.2f} ms  "
+                    f"{preset:16s} graphs={graphs:8s} B={batch:3d}  prefill {row['prefill_ms_median'] or 0:7.2f} ms  step {row['step_ms_median']:7.2f} ms  "
                     f"{row['audio_s_per_s']:7.1f} audio s/s  x{row['real_time_per_stream']:.2f} real time  "
                     f"| synced {row['step_ms_synced_median']:.2f} ms: {phases}",
                     flush=True,

@@ -22,6 +22,7 @@ logged once on the "tilevox.executor" logger. Imports: torch, models, this packa
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -67,12 +68,17 @@ log = logging.getLogger(LOGGER_NAME)
 BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_KEY_BUCKET = 256
 MIN_HISTORY_BUCKET = 64
+RECOMPILE_LIMIT = 32  # compilations per region function under GraphOptions(compile=True), all models together
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GraphOptions:
     capture: bool = True  # False: the same code eagerly (a CPU model always runs eagerly)
     max_batch: int = BATCH_BUCKETS[-1]  # larger calls run the conventional path
+    # Inductor-compile each region's function (torch.compile, fullgraph) before its graphs are captured:
+    # fewer, fused kernels per frame. Batch and length dimensions are compiled dynamic, so a backend
+    # compiles twice (batch 1, then every other bucket and length) and the server's warm-up does both.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= BATCH_BUCKETS[-1]:
@@ -103,9 +109,10 @@ class _Graphs:
     result, so a function that advances state, like a codec decode, runs exactly once per call), then
     captures it. All graphs of one backend share a memory pool (they never run concurrently)."""
 
-    def __init__(self, device: torch.device, capture: bool) -> None:
+    def __init__(self, device: torch.device, capture: bool, *, compiled: bool = False) -> None:
         self.device = device
         self.capture = capture and device.type == "cuda"
+        self.compiled = compiled  # fn is torch.compile'd: mark the inputs' dynamic dimensions before a call
         self._entries: dict[tuple, tuple[dict[str, torch.Tensor], torch.cuda.CUDAGraph, object]] = {}
         self._pool = None
 
@@ -113,12 +120,20 @@ class _Graphs:
     def num_graphs(self) -> int:
         return len(self._entries)
 
-    def run(self, key: tuple, fn: Callable[..., object], inputs: dict[str, torch.Tensor]):
+    def run(
+        self,
+        key: tuple,
+        fn: Callable[..., object],
+        inputs: dict[str, torch.Tensor],
+        dynamic: dict[str, tuple[int, ...]] | None = None,
+    ):
+        """`dynamic`: input name -> the dimensions a compiled fn takes as symbolic sizes (batch, keys)."""
         if not self.capture:
+            self._mark_dynamic(inputs, dynamic)
             return fn(**inputs)
         entry = self._entries.get(key)
         if entry is None:
-            self._entries[key], result = self._capture(fn, inputs)
+            self._entries[key], result = self._capture(fn, inputs, dynamic)
             return result
         static, graph, out = entry
         for name, tensor in inputs.items():
@@ -126,8 +141,18 @@ class _Graphs:
         graph.replay()
         return out
 
-    def _capture(self, fn, inputs):
+    def _mark_dynamic(self, tensors: dict[str, torch.Tensor], dynamic: dict[str, tuple[int, ...]] | None) -> None:
+        """Compile these dimensions for any size (a size 1 stays specialised: Dynamo compiles it apart)."""
+        if not self.compiled or not dynamic:
+            return
+        for name, dims in dynamic.items():
+            for dim in dims:
+                if tensors[name].shape[dim] >= 2:
+                    torch._dynamo.mark_dynamic(tensors[name], dim)
+
+    def _capture(self, fn, inputs, dynamic):
         static = {name: tensor.clone() for name, tensor in inputs.items()}
+        self._mark_dynamic(static, dynamic)
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
@@ -148,11 +173,12 @@ class _GraphBackend:
     def __init__(self, module: torch.nn.Module, options: GraphOptions) -> None:
         self.options = options
         self.device = next(module.parameters()).device
-        self.graphs = _Graphs(self.device, options.capture)
+        self.graphs = _Graphs(self.device, options.capture, compiled=options.compile)
         self.num_graph_calls = 0  # calls this backend ran (captured or, on CPU, eagerly)
         self.num_conventional_calls = 0
         self.keys_used: set[tuple] = set()  # (batch bucket[, key bucket]) of every call taken
         self._logged: set[str] = set()
+        self._spans: dict[int, torch.Tensor] = {}
 
     def _fallback(self, reason: str) -> None:
         self.num_conventional_calls += 1
@@ -165,6 +191,25 @@ class _GraphBackend:
         bucket = batch_bucket(batch)
         index = torch.arange(bucket, device=self.device)
         return bucket, torch.where(index < batch, index, torch.zeros_like(index))
+
+    def _compiled(self, fn: Callable[..., object]) -> Callable[..., object]:
+        """`fn` itself, or under GraphOptions(compile=True) Inductor's compilation of it (whole graph: a
+        graph break is an error, not a silent slow path)."""
+        if not self.options.compile:
+            return fn
+        # Never fall back to the uncompiled function in silence: a recompile past the limit is an error
+        # (a backend compiles about twice: batch 1, then every other batch and length).
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        return torch.compile(fn, fullgraph=True)
+
+    def _span(self, length: int) -> torch.Tensor:
+        """A tensor of `length` elements whose size carries a length (keys, history) into a compiled
+        function as a symbolic size instead of a constant that would be compiled once per bucket."""
+        span = self._spans.get(length)
+        if span is None:
+            span = self._spans[length] = torch.empty(length, dtype=torch.uint8, device=self.device)
+        return span
 
     def _host_rows(self, values: Sequence[Sequence[float]], dtype: torch.dtype) -> torch.Tensor:
         """Per-row host values (B, n) on the device through one pinned asynchronous copy."""
@@ -182,6 +227,11 @@ class GraphedTalkerStep(_GraphBackend):
         super().__init__(talker, options)
         self.talker = talker
         self._cache = None
+        self._run_step = self._compiled(self._step)
+
+    def _step(self, x: torch.Tensor, slots: torch.Tensor, start: torch.Tensor, keys: torch.Tensor):
+        view = CacheView(cache=self._cache, slots=slots, start=start, kv_len=keys.shape[0])
+        return self.talker.forward_tokens(x, view)
 
     def __call__(self, inputs: torch.Tensor, view: CacheView) -> tuple[torch.Tensor, torch.Tensor]:
         batch, num_new = inputs.shape[:2]
@@ -200,13 +250,12 @@ class GraphedTalkerStep(_GraphBackend):
         cache = self._cache = view.cache
         keys = key_bucket(view.kv_len, cache.max_len)
         bucket, rows = self._rows(batch)
-
-        def step(x: torch.Tensor, slots: torch.Tensor, start: torch.Tensor):
-            return self.talker.forward_tokens(x, CacheView(cache=cache, slots=slots, start=start, kv_len=keys))
-
         self.keys_used.add((bucket, keys))
         hidden, logits = self.graphs.run(
-            (bucket, keys), step, {"x": inputs[rows], "slots": view.slots[rows], "start": view.start[rows]}
+            (bucket, keys),
+            self._run_step,
+            {"x": inputs[rows], "slots": view.slots[rows], "start": view.start[rows], "keys": self._span(keys)},
+            dynamic={"x": (0,), "slots": (0,), "start": (0,), "keys": (0,)},
         )
         self.num_graph_calls += 1
         return hidden[:batch].clone(), logits[:batch].clone()
@@ -221,6 +270,13 @@ class GraphedCodePredictorLoop(_GraphBackend):
         super().__init__(predictor, options)
         self.predictor = predictor
         self._caches: dict[int, object] = {}  # per bucket: every position is written before it is read
+        self._run_frame = self._compiled(self._frame)
+
+    def _frame(self, hidden, code0, floats, ints, cache):
+        def choose_on_device(head: int, logits: torch.Tensor) -> torch.Tensor:
+            return sample_rows(logits, floats[:, 0], ints[:, 0], floats[:, 1], ints[:, 1], ints[:, 2] + head)
+
+        return self.predictor.predict(hidden, code0, choose_on_device, cache)
 
     def __call__(
         self,
@@ -249,18 +305,15 @@ class GraphedCodePredictorLoop(_GraphBackend):
         cache = self._caches.get(bucket)
         if cache is None:
             cache = self._caches[bucket] = self.predictor.new_cache(bucket)
-
-        def frame(hidden, code0, floats, ints):
-            def choose_on_device(head: int, logits: torch.Tensor) -> torch.Tensor:
-                return sample_rows(logits, floats[:, 0], ints[:, 0], floats[:, 1], ints[:, 1], ints[:, 2] + head)
-
-            return self.predictor.predict(hidden, code0, choose_on_device, cache)
-
+            if self.options.compile and bucket >= 2:  # its slots dimension is the batch
+                torch._dynamo.mark_dynamic(cache.keys, 1)
+                torch._dynamo.mark_dynamic(cache.values, 1)
         self.keys_used.add((bucket,))
         codes = self.graphs.run(
             (bucket,),
-            frame,
+            functools.partial(self._run_frame, cache=cache),
             {"hidden": hidden[index], "code0": code0_embedding[index], "floats": floats[index], "ints": ints[index]},
+            dynamic={"hidden": (0,), "code0": (0,), "floats": (0,), "ints": (0,)},
         )
         self.num_graph_calls += 1
         return codes[:batch].clone()
@@ -275,6 +328,11 @@ class GraphedDecoderStep(_GraphBackend):
         super().__init__(llama, options)
         self.llama = llama
         self._cache = None
+        self._run_step = self._compiled(self._step)
+
+    def _step(self, tokens: torch.Tensor, where: torch.Tensor, keys: torch.Tensor):
+        hidden = self.llama.forward(tokens[:, None], self._cache, where[:, 0], where[:, 1:2], keys.shape[0])
+        return self.llama.lm_head(hidden[:, 0])
 
     def __call__(self, cache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor:
         slots = [int(s) for s in slots]
@@ -296,14 +354,11 @@ class GraphedDecoderStep(_GraphBackend):
         keys = key_bucket(max(positions) + 1, cache.max_seq_len)
         bucket, index = self._rows(batch)
         where = self._host_rows(list(zip(slots, positions)), torch.int64)
-        llama = self.llama
-
-        def step(tokens: torch.Tensor, where: torch.Tensor):
-            hidden = llama.forward(tokens[:, None], cache, where[:, 0], where[:, 1:2], keys)
-            return llama.lm_head(hidden[:, 0])
-
         logits = self.graphs.run(
-            (bucket, keys), step, {"tokens": token_ids.to(torch.int64)[index], "where": where[index]}
+            (bucket, keys),
+            self._run_step,
+            {"tokens": token_ids.to(torch.int64)[index], "where": where[index], "keys": self._span(keys)},
+            dynamic={"tokens": (0,), "where": (0,), "keys": (0,)},
         )
         for slot in slots:
             cache.lengths[slot] += 1
@@ -358,6 +413,7 @@ class GraphedTokenSampling(_GraphBackend):
     def __init__(self, head: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
         super().__init__(head, options)
         self._stop_ids: dict[tuple[int, ...], torch.Tensor] = {}
+        self._run_draw = self._compiled(sample_next_tokens)
 
     def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
         batch = logits.shape[0]
@@ -387,18 +443,16 @@ class GraphedTokenSampling(_GraphBackend):
             torch.int64,
         )
 
-        def draw(logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, history: torch.Tensor):
-            return sample_next_tokens(logits, floats, ints, history, stop_ids)
-
         if batch > self.options.max_batch:
             self._fallback(f"batch {batch} above max_batch {self.options.max_batch} (sampled eagerly)")
-            return draw(logits.float(), floats, ints, history)
+            return sample_next_tokens(logits.float(), floats, ints, history, stop_ids)
         bucket, index = self._rows(batch)
         self.keys_used.add((bucket, width))
         tokens = self.graphs.run(
             (bucket, width),
-            draw,
+            functools.partial(self._run_draw, stop_ids=stop_ids),
             {"logits": logits.float()[index], "floats": floats[index], "ints": ints[index], "history": history[index]},
+            dynamic={"logits": (0,), "floats": (0,), "ints": (0,), "history": (0, 1)},
         )
         self.num_graph_calls += 1
         return tokens[:batch].clone()

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GatedMLP", "RMSNorm"]
+__all__ = ["GatedMLP", "RMSNorm", "gather_keys"]
 
 
 class RMSNorm(nn.Module):
@@ -42,3 +42,20 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def gather_keys(
+    keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor | slice, num_keys: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [0, num_keys) of the given slots of one layer's cache (N, KV, S, D): (B, KV, num_keys, D)
+    each. Eagerly a slice then a gather (only those keys are copied). Under torch.compile the positions are
+    gathered by index instead, so that a symbolic num_keys stays symbolic even where it equals S (a slice
+    view's contiguity would otherwise pin it to the cache length, one compile per length)."""
+    if not torch.compiler.is_compiling():
+        return keys[slots, :, :num_keys], values[slots, :, :num_keys]
+    positions = torch.arange(num_keys, device=keys.device)
+    if isinstance(slots, slice):
+        keys, values = keys[slots], values[slots]
+        return keys[:, :, positions], values[:, :, positions]
+    rows = slots[:, None]  # advanced indices split by a slice: (B, num_keys, KV, D), then back
+    return keys[rows, :, positions].transpose(1, 2), values[rows, :, positions].transpose(1, 2)

@@ -78,6 +78,7 @@ class LevelResult:
     requests: list[RequestResult] = field(default_factory=list)
     elapsed_s: float = 0.0
     gpu_memory_mib: float | None = None
+    server: dict | None = None  # the server's own counters over the level (server_counters), when readable
 
     def summary(self) -> dict:
         ok = [r for r in self.requests if r.error is None and r.ttfa_s is not None]
@@ -105,7 +106,48 @@ class LevelResult:
             "requests_with_stalls": int(sum(r.stalls > 0 for r in ok)),
             "audio_s_per_s": round(sum(r.audio_s for r in ok) / self.elapsed_s, 2) if self.elapsed_s else None,
             "gpu_memory_mib": self.gpu_memory_mib,
+            "server": self.server,
         }
+
+
+# Counters of /metrics (server.metrics) that the bench differences over a level.
+SERVER_COUNTERS = (
+    "tilevox_steps_total",
+    "tilevox_step_seconds_total",
+    "tilevox_frames_total",
+    "tilevox_prefills_total",
+    "tilevox_prefill_seconds_total",
+    "tilevox_admissions_total",
+)
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """The SERVER_COUNTERS in a Prometheus text exposition (missing ones are left out)."""
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in SERVER_COUNTERS:
+            values[name] = float(value)
+    return values
+
+
+def server_counters(before: dict[str, float], after: dict[str, float], elapsed_s: float) -> dict | None:
+    """Where the server's model worker spent a level: mean step and prefill times, their shares of the
+    level's wall time (the rest is the worker waiting, or its host work between them), streams per step."""
+    if not all(name in before and name in after for name in SERVER_COUNTERS) or elapsed_s <= 0:
+        return None
+    d = {name.removeprefix("tilevox_"): after[name] - before[name] for name in SERVER_COUNTERS}
+    steps, prefills = d["steps_total"], d["prefills_total"]
+    return {
+        "steps": int(steps),
+        "step_ms_mean": round(d["step_seconds_total"] / steps * 1e3, 2) if steps else None,
+        "streams_per_step_mean": round(d["frames_total"] / steps, 2) if steps else None,
+        "prefills": int(prefills),
+        "prefill_ms_mean": round(d["prefill_seconds_total"] / prefills * 1e3, 2) if prefills else None,
+        "admissions_per_prefill_mean": round(d["admissions_total"] / prefills, 2) if prefills else None,
+        "step_share": round(d["step_seconds_total"] / elapsed_s, 3),
+        "prefill_share": round(d["prefill_seconds_total"] / elapsed_s, 3),
+    }
 
 
 def gpu_memory_mib() -> float | None:
@@ -172,7 +214,16 @@ async def run_level(
         }
 
     limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
+
+    async def counters(client) -> dict[str, float]:
+        try:
+            response = await client.get(base_url + "/metrics", timeout=10)
+        except httpx.HTTPError:  # a URL without /metrics (another server): the level has no server figures
+            return {}
+        return parse_counters(response.text) if response.status_code == 200 else {}
+
     async with httpx.AsyncClient(timeout=900, limits=limits, headers=headers) as client:
+        before = await counters(client)
         started = time.perf_counter()
         if mode == "closed":
 
@@ -199,6 +250,7 @@ async def run_level(
                 n += 1
             level.requests = list(await asyncio.gather(*tasks))
         level.elapsed_s = time.perf_counter() - started
+        level.server = server_counters(before, await counters(client), level.elapsed_s)
     level.gpu_memory_mib = gpu_memory_mib()
     return level
 

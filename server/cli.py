@@ -91,6 +91,15 @@ def _add_model_options(p) -> None:
         "on = also on a CPU (the same code, eagerly); off = the plain PyTorch path",
     )
     p.add_argument(
+        "--compile",
+        default="off",
+        choices=["on", "off"],
+        help="with the executor: compile its regions with torch.compile (Inductor) before capturing their "
+        "CUDA graphs: fewer, fused kernels per frame, for minutes more start-up (compiled code is cached "
+        "on disk, TORCHINDUCTOR_CACHE_DIR, so a restart is faster); the serve warm-up compiles every batch "
+        "size before /ready",
+    )
+    p.add_argument(
         "--megakernel",
         default="none",
         metavar="REGIONS",
@@ -150,11 +159,17 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
         )
         on_megakernel = {name for name, reason in installed.items() if reason is None}
     if args.cuda_graphs == "off" or (args.cuda_graphs == "auto" and device != "cuda"):
+        if args.compile == "on":
+            raise CommandError(
+                "--compile on compiles the executor's regions: it needs --cuda-graphs on (or auto on a GPU)"
+            )
         return False
-    from tilevox.executor import install_graph_regions
+    from tilevox.executor import GraphOptions, install_graph_regions
 
     regions = (*region_names(model), *executor_region_names(model))
-    installed = install_graph_regions(model, [name for name in regions if name not in on_megakernel])
+    installed = install_graph_regions(
+        model, [name for name in regions if name not in on_megakernel], GraphOptions(compile=args.compile == "on")
+    )
     return any(reason is None for reason in installed.values())
 
 
@@ -410,6 +425,12 @@ def _add_bench(subparsers) -> None:
     p.add_argument("--levels", default="1,8,32,64,128", help="comma list of stream counts")
     p.add_argument("--mode", default="closed", choices=["closed", "open"])
     p.add_argument("--rounds", type=int, default=2, help="closed loop: requests per client")
+    p.add_argument(
+        "--min-requests",
+        type=int,
+        default=8,
+        help="closed loop: at least this many requests per level (more rounds at low stream counts)",
+    )
     p.add_argument("--rate", type=float, default=None, help="open loop: requests per second (default: streams / 4)")
     p.add_argument("--duration", type=float, default=20.0, help="open loop: seconds of arrivals per level")
     p.add_argument("--max-duration", type=float, default=4.0, help="seconds of audio per request")
@@ -466,7 +487,7 @@ def _run_bench(args: argparse.Namespace) -> int:
                     sample_rate_hz=rate,
                     max_duration_s=args.max_duration,
                     mode=args.mode,
-                    rounds=args.rounds,
+                    rounds=max(args.rounds, -(-args.min_requests // streams)),
                     rate_per_s=args.rate or streams / 4,
                     duration_s=args.duration,
                     api_key=api_key,
@@ -476,7 +497,14 @@ def _run_bench(args: argparse.Namespace) -> int:
             print(
                 f"{streams:>5} streams: TTFA p50 {level['ttfa_ms_p50']} p95 {level['ttfa_ms_p95']} ms, "
                 f"RTF p50 {level['rtf_p50']}, {level['audio_s_per_s']} audio s/s, stalls {level['stalls']}, "
-                f"errors {level['errors']}",
+                f"errors {level['errors']}"
+                + (
+                    f" | server: step {srv['step_ms_mean']} ms x {srv['streams_per_step_mean']} streams "
+                    f"({srv['step_share']:.0%} of the time), prefill {srv['prefill_ms_mean']} ms "
+                    f"x {srv['admissions_per_prefill_mean']} ({srv['prefill_share']:.0%})"
+                    if (srv := level["server"])
+                    else ""
+                ),
                 flush=True,
             )
     report = {

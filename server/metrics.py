@@ -41,6 +41,14 @@ class ServerMetrics:
         self.frames_total = Counter("tilevox_frames_total", "Codec frames generated", registry=r)
         self.audio_seconds_total = Counter("tilevox_audio_seconds_total", "Seconds of audio generated", registry=r)
         self.step_seconds_total = Counter("tilevox_step_seconds_total", "Model step wall time", registry=r)
+        self.steps_total = Counter(
+            "tilevox_steps_total", "Model steps (one frame of every stream in the batch)", registry=r
+        )
+        self.prefill_seconds_total = Counter(
+            "tilevox_prefill_seconds_total", "Batched prefill (admission) wall time", registry=r
+        )
+        self.prefills_total = Counter("tilevox_prefills_total", "Batched prefills", registry=r)
+        self.admissions_total = Counter("tilevox_admissions_total", "Requests admitted by a prefill", registry=r)
         self.frames_per_second = Gauge(
             "tilevox_frames_per_second", "Frames generated per second over the last window", registry=r
         )
@@ -55,11 +63,17 @@ class ServerMetrics:
         now = time.monotonic()
         self.frames_total.inc(num_frames)
         self.step_seconds_total.inc(step_s)
+        self.steps_total.inc()
         with self._lock:
             self._window.append((now, num_frames))
             while self._window and self._window[0][0] < now - self._window_s:
                 self._window.popleft()
             self.frames_per_second.set(sum(n for _, n in self._window) / self._window_s)
+
+    def observe_prefill(self, *, num_requests: int, prefill_s: float) -> None:
+        self.prefill_seconds_total.inc(prefill_s)
+        self.prefills_total.inc()
+        self.admissions_total.inc(num_requests)
 
     def observe_finished(self, stats) -> None:
         self.audio_seconds_total.inc(stats.audio_duration_s)

@@ -457,10 +457,13 @@ class Scheduler:
                 if handle.model_stream_id is not None:
                     self.model.close(handle.model_stream_id)
                 self._finish(handle, FinishReason.CANCELLED)
+            started = time.perf_counter()
             try:
                 opened = self.model.open_streams([handle.request for handle in admit]) if admit else []
             except Exception as exc:  # the batched prefill itself failed: those requests fail, the worker goes on
                 opened = [exc] * len(admit)
+            if admit and self.metrics is not None:
+                self.metrics.observe_prefill(num_requests=len(admit), prefill_s=time.perf_counter() - started)
             for handle, result in zip(admit, opened, strict=True):
                 if isinstance(result, Exception):  # a model failure must fail this request only, never the worker
                     log.error("open_stream failed for stream %d", handle.handle_id, exc_info=result)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from tilevox.models.decoder_view import DecoderView, LayerWeights, ModelFamily
-from tilevox.models.layers import GatedMLP, RMSNorm
+from tilevox.models.layers import GatedMLP, RMSNorm, gather_keys
 from tilevox.models.llama.config import LlamaConfig
 
 __all__ = [
@@ -175,8 +175,7 @@ class LlamaAttention(nn.Module):
         k_layer[slots[:, None], :, positions] = k.transpose(1, 2)
         v_layer[slots[:, None], :, positions] = v
         num_keys = key_mask.shape[-1]
-        keys = k_layer[slots, :, :num_keys]  # (B, Hkv, S, D)
-        values = v_layer[slots, :, :num_keys]  # (B, Hkv, S, D)
+        keys, values = gather_keys(k_layer, v_layer, slots, num_keys)  # (B, Hkv, S, D) each
 
         # GQA without repeating keys: query head h uses kv head h // G, so group the G query heads of
         # each kv head along the row axis.

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tilevox.models.decoder_view import LayerWeights
-from tilevox.models.layers import GatedMLP, RMSNorm
+from tilevox.models.layers import GatedMLP, RMSNorm, gather_keys
 from tilevox.models.qwen3_tts.config import TransformerConfig
 
 __all__ = ["CacheView", "DecoderLayer", "DecoderStack", "KVCache", "RMSNorm", "rope_cos_sin", "rope_inv_freq"]
@@ -152,7 +152,7 @@ class CacheView:
             first = self.write_offset
             keys[self.slots, :, first : first + num_new] = k
             values[self.slots, :, first : first + num_new] = v
-        return keys[self.slots, :, : self.kv_len], values[self.slots, :, : self.kv_len]
+        return gather_keys(keys, values, self.slots, self.kv_len)
 
     def mask(self, num_new: int) -> torch.Tensor:
         """(B, 1, T, kv_len) bool: key j is visible to new token t of row b iff j <= start[b] + t."""

@@ -191,3 +191,35 @@ def test_calls_it_cannot_take_run_the_plain_path_and_say_why(caplog):
     assert model2.code_predictor_loop_backend.num_graph_calls == 1  # greedy predictor: in the executor
     with pytest.raises(ValueError, match="no region 'decoder_step'"):
         install_graph_regions(model, [DECODER_STEP], EAGER)
+
+
+def test_compiled_regions_equal_the_plain_path_and_compile_once_per_batch_kind():
+    """GraphOptions(compile=True) (Inductor, here its CPU code): greedy frames identical to the plain path,
+    audio within 1e-4, over both key buckets of the cache (256, then 400 = the whole cache: still the same
+    compiled code); then 3 and 2 sampled streams (buckets 4 and 2) reuse one dynamic-batch compilation."""
+    import torch._dynamo.utils
+
+    request = _greedy("Good morning, this runs long enough to cross a key bucket.", 22.0)
+    frames: dict[str, list[torch.Tensor]] = {"plain": [], "compiled": []}
+    model = _qwen3()
+    model.frame_observer = lambda _sid, codes: frames["plain"].append(codes)
+    plain = synthesize(model, request)
+    install_graph_regions(model, options=GraphOptions(capture=False, compile=True))
+    model.frame_observer = lambda _sid, codes: frames["compiled"].append(codes)
+    graphs = torch._dynamo.utils.counters["stats"]
+    before = graphs["unique_graphs"]
+    got = synthesize(model, request)
+    assert model.talker_step_backend.keys_used == {(1, 256), (1, 400)}
+    assert torch.equal(torch.stack(frames["compiled"]), torch.stack(frames["plain"]))
+    np.testing.assert_allclose(got.samples, plain.samples, atol=1e-4, rtol=0)
+    # batch 1: the talker step, the predictor loop and codebook-0 sampling, each compiled once
+    assert graphs["unique_graphs"] - before == 3
+    sampled = SamplingParams(temperature=0.9, top_k=30, top_p=0.9)
+    sampled_frames(model, [5, 6, 7], sampled, steps=3)
+    after_first_batch = graphs["unique_graphs"]
+    assert after_first_batch - before == 6  # the same three for any other batch (dynamic)
+    for stream_id in model.open_stream_ids:
+        model.close(stream_id)
+    sampled_frames(model, [8, 9], sampled, steps=3)
+    assert graphs["unique_graphs"] == after_first_batch
+    assert model.talker_step_backend.keys_used >= {(4, 256), (2, 256)}

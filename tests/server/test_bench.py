@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tilevox.server.bench import request_result
+from tilevox.server.bench import SERVER_COUNTERS, parse_counters, request_result, server_counters
 from tilevox.server.cli import main
 
 RATE = 16000
@@ -27,12 +27,43 @@ def test_gaps_and_stalls():
     assert silent.ttfa_s is None and silent.audio_s == 0 and silent.rtf is None
 
 
+def test_server_counters_over_a_level():
+    text = "\n".join(f"{name} {value}" for name, value in zip(SERVER_COUNTERS, (10, 0.5, 40, 2, 0.1, 8)))
+    before = parse_counters(text + "\n# HELP tilevox_steps_total ...\nother_total 3")
+    after = {name: value * 3 for name, value in before.items()}
+    got = server_counters(before, after, elapsed_s=2.0)
+    assert got == {
+        "steps": 20,
+        "step_ms_mean": 50.0,
+        "streams_per_step_mean": 4.0,
+        "prefills": 4,
+        "prefill_ms_mean": 50.0,
+        "admissions_per_prefill_mean": 4.0,
+        "step_share": 0.5,
+        "prefill_share": 0.1,
+    }
+    assert server_counters({}, after, 2.0) is None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["closed", "open"])
 def test_bench_writes_a_report_and_a_plot(tmp_path, capsys, mode):
     out = tmp_path / "bench.json"
     argv = ["bench", "--model", "random:llama-tiny", "--device", "cpu", "--levels", "1,2", "--mode", mode]
-    argv += ["--rounds", "1", "--rate", "4", "--duration", "1", "--max-duration", "0.5", "--out", str(out)]
+    argv += [
+        "--rounds",
+        "1",
+        "--min-requests",
+        "1",
+        "--rate",
+        "4",
+        "--duration",
+        "1",
+        "--max-duration",
+        "0.5",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     report = json.loads(out.read_text())
     assert report["mode"] == mode and report["model"] == "random:llama-tiny"
@@ -41,5 +72,8 @@ def test_bench_writes_a_report_and_a_plot(tmp_path, capsys, mode):
         assert level["errors"] == 0 and level["requests"] >= 1
         assert 0 < level["ttfa_ms_p50"] <= level["ttfa_ms_p95"] <= level["ttfa_ms_p99"]
         assert level["audio_s_per_s"] > 0 and level["stalls"] >= 0
+        server = level["server"]  # the started server's own counters over the level
+        assert server["steps"] >= 1 and server["prefills"] >= 1 and server["admissions_per_prefill_mean"] >= 1
+        assert server["step_ms_mean"] > 0 and 0 < server["step_share"] + server["prefill_share"] <= 1.0
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "2 streams: TTFA p50" in capsys.readouterr().out

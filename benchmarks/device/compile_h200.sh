@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# H200 run of the executor with Inductor-compiled regions (issue 12, `--compile on`). Parts run in the order
+# given: `compile_h200.sh frames tests bench`.
+#   frames MODELS BATCHES  frame breakdown (benchmarks/frame_breakdown.py), CUDA graphs vs compiled + graphs
+#   tests                  the GPU tests (compiled graphs equal compiled code run eagerly bit for bit, and the rest)
+#   bench NAME MODEL LEVELS MODE SERVE_ARGS...  `tilevox bench` (4 s requests) against a started server
+# Inductor's cache lives in /tmp/inductor and goes back as $OUT/inductor.tgz; carried in as
+# .device-carry/inductor.tgz (gitignored), it spares the next call the compilation.
+# Carried (gitignored): .whl (Python 3.12 wheels the image lacks; list in executor_h200.sh).
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+shim=/tmp/tilevox-src/tilevox  # tilevox importable without installing it (setup.py's package_dir, as symlinks)
+mkdir -p "$shim" /tmp/inductor /tmp/bench
+ln -sf "$PWD/tilevox/__init__.py" "$shim/__init__.py"
+for folder in trt_plugins models executor engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
+repo=$PWD
+[ -f .device-carry/inductor.tgz ] && tar -xzf .device-carry/inductor.tgz -C /tmp/inductor
+export PYTHONPATH=/tmp/tilevox-src:/tmp/site:$repo PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
+cd /tmp/tilevox-src  # not the repo root: its tilevox/ (the namespace's __init__ alone) would shadow the shim
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u +%FT%TZ; echo "commit ${TILEVOX_COMMIT:-unknown}"; } > "$OUT/gpu.txt"
+while [ $# -gt 0 ]; do
+  part=$1; shift
+  case $part in
+    frames)
+      models=$1 batches=$2; shift 2
+      timeout 420 python3 -m benchmarks.frame_breakdown --models "$models" --batches "$batches" --graphs on,compiled \
+        --out "$OUT/frame_breakdown_${models//,/_}.json" 2>&1 | grep -v "^ " | tee -a "$OUT/frames.log" ;;
+    tests)
+      timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" --rootdir "$repo" \
+        "$repo/tests/executor" "$repo/tests/models/test_capacity.py" > "$OUT/gpu_tests.log" 2>&1
+      tail -4 "$OUT/gpu_tests.log" ;;
+    bench)
+      name=$1 model=$2 levels=$3 mode=$4; shift 4
+      serve=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do serve+=("--serve-arg=$1"); shift; done; shift || true
+      start=$(date +%s)
+      timeout 400 python3 -m tilevox.server.cli bench --device cuda --model "$model" --levels "$levels" --mode "$mode" \
+        --max-duration 4 --no-plot --out "/tmp/bench/$name.json" "${serve[@]}" 2>&1 | tail -8 | sed "s|^|$name: |" \
+        | tee -a "$OUT/bench.log"
+      echo "$name: $(( $(date +%s) - start )) s with server start-up" | tee -a "$OUT/bench.log"
+      python3 -c "import json,os,sys; p=sys.argv[1]; r=json.load(open(p)); r['commit']=os.environ.get('TILEVOX_COMMIT','unknown'); json.dump(r,open(p,'w'),indent=1)" "/tmp/bench/$name.json" \
+        && cp "/tmp/bench/$name.json" "$OUT/"
+      gzip -c "/tmp/bench/$name.server.log" > "$OUT/$name.server.log.gz" ;;
+    *) echo "unknown part $part" >&2; exit 2 ;;
+  esac
+done
+tar -czf "$OUT/inductor.tgz" -C /tmp/inductor . && ls -la "$OUT/inductor.tgz"
