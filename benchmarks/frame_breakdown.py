@@ -124,6 +124,24 @@ def profile_table(streams: Streams, steps: int, rows: int = 25) -> str:
     return prof.key_averages().table(sort_by="device_time_total", row_limit=rows, max_name_column_width=70)
 
 
+def prefill_profile(model, admissions: int, rows: int = 30) -> str:
+    """cProfile of one batched prefill (open_streams of `admissions` requests, synchronized): the host's
+    share of an admission, by function."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    extra = Streams(model, admissions, 60.0)
+    _sync(model.device)
+    profiler.disable()
+    extra.close()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(rows)
+    return text.getvalue()
+
+
 def measure(
     model, batch: int, *, warmup: int, steps: int, max_duration_s: float, profile_out: Path | None = None
 ) -> dict:
@@ -165,6 +183,10 @@ def measure(
         if profile_out is not None:
             with profile_out.open("a") as f:
                 f.write(f"== {batch} streams, {steps} steps\n{profile_table(streams, steps)}\n")
+                if admissions:
+                    f.write(
+                        f"== one prefill of {admissions} admissions (cProfile)\n{prefill_profile(model, admissions)}\n"
+                    )
     finally:
         streams.close()
     names = sorted({name for step in per_step for name in step})

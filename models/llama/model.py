@@ -94,6 +94,7 @@ class LlamaKVCache:
         )
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.layer_ids = torch.arange(config.num_hidden_layers, device=device)  # see LlamaAttention.forward
         self.max_streams = max_streams
         self.max_seq_len = max_seq_len
         self.lengths = [0] * max_streams
@@ -170,10 +171,13 @@ class LlamaAttention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
 
+        # Written through the whole cache (layer as an index, not a view): a compiled step then updates it
+        # in place instead of copying the layer. Advanced indices split by a slice put the broadcast
+        # (B, T) dims first: targets are (B, T, Hkv, D).
+        layer = cache.layer_ids[self.layer_idx : self.layer_idx + 1, None]
+        cache.k[layer, slots[:, None], :, positions] = k.transpose(1, 2)
+        cache.v[layer, slots[:, None], :, positions] = v
         k_layer, v_layer = cache.k[self.layer_idx], cache.v[self.layer_idx]  # (slots, Hkv, S_max, D)
-        # Advanced indices split by a slice put the broadcast (B, T) dims first: targets are (B, T, Hkv, D).
-        k_layer[slots[:, None], :, positions] = k.transpose(1, 2)
-        v_layer[slots[:, None], :, positions] = v
         num_keys = key_mask.shape[-1]
         keys, values = gather_keys(k_layer, v_layer, slots, num_keys)  # (B, Hkv, S, D) each
 

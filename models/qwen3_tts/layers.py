@@ -112,6 +112,7 @@ class KVCache:
         shape = (config.num_layers, num_slots, config.num_kv_heads, max_len, config.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.layer_ids = torch.arange(config.num_layers, device=device)  # see CacheView.update
         self.num_slots = num_slots
         self.max_len = max_len
 
@@ -143,8 +144,11 @@ class CacheView:
                 if isinstance(self.slots, torch.Tensor)
                 else torch.arange(self.slots.start, self.slots.stop, device=k.device)
             )
-            keys[slots, :, self.start] = k[:, :, 0]  # advanced indices first: (B, KV, D)
-            values[slots, :, self.start] = v[:, :, 0]
+            # Written through the whole cache (layer as an index, not a view): a compiled step then updates
+            # it in place instead of copying the layer. Advanced indices first: targets (B, KV, D).
+            layer = self.cache.layer_ids[layer_idx : layer_idx + 1]
+            self.cache.keys[layer, slots, :, self.start] = k[:, :, 0]
+            self.cache.values[layer, slots, :, self.start] = v[:, :, 0]
         else:
             # Multi-token writes (prefill, predictor's first step) share one start position.
             if self.write_offset is None:
