@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # H200 run of the executor with Inductor-compiled regions (issue 12, `--compile on`). Parts run in the order
 # given: `compile_h200.sh frames tests bench`.
-#   frames MODELS BATCHES  frame breakdown (benchmarks/frame_breakdown.py), CUDA graphs vs compiled + graphs
+#   frames MODELS BATCHES  frame breakdown (benchmarks/frame_breakdown.py), CUDA graphs vs compiled + graphs,
+#                          with kernel tables of the steps and a cProfile of one batched prefill
 #   tests                  the GPU tests (compiled graphs equal compiled code run eagerly bit for bit, and the rest)
 #   bench NAME MODEL LEVELS MODE SERVE_ARGS...  `tilevox bench` (4 s requests) against a started server
 # Inductor's cache lives in /tmp/inductor and goes back as $OUT/inductor.tgz; carried in as
@@ -24,7 +25,8 @@ while [ $# -gt 0 ]; do
     frames)
       models=$1 batches=$2; shift 2
       timeout 420 python3 -m benchmarks.frame_breakdown --models "$models" --batches "$batches" --graphs on,compiled \
-        --out "$OUT/frame_breakdown_${models//,/_}.json" 2>&1 | grep -v "^ " | tee -a "$OUT/frames.log" ;;
+        --out "$OUT/frame_breakdown_${models//,/_}.json" --profile-out "$OUT/profile_${models//,/_}.txt" 2>&1 \
+        | grep -v "^ " | tee -a "$OUT/frames.log" ;;
     tests)
       timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" --rootdir "$repo" \
         "$repo/tests/executor" "$repo/tests/models/test_capacity.py" > "$OUT/gpu_tests.log" 2>&1
