@@ -3,20 +3,20 @@
 # given: `compile_h200.sh frames tests bench`.
 #   frames MODELS BATCHES  frame breakdown (benchmarks/frame_breakdown.py), CUDA graphs vs compiled + graphs,
 #                          with kernel tables of the steps and a cProfile of one batched prefill
-#   tests                  the GPU tests (compiled graphs equal compiled code run eagerly bit for bit, and the rest)
-#   bench NAME MODEL LEVELS MODE SERVE_ARGS...  `tilevox bench` (4 s requests) against a started server
-# Inductor's cache lives in /tmp/inductor and goes back as $OUT/inductor.tgz; carried in as
-# .device-carry/inductor.tgz (gitignored), it spares the next call the compilation.
+#   tests EXPR             the GPU tests matching pytest -k EXPR ("": all)
+#   bench NAME MODEL LEVELS MODE SECONDS SERVE_ARGS... --  `tilevox bench` (4 s requests) against a started
+#                          server, cut after SECONDS; open loop at 8 requests/s for 20 s
+# Inductor's cache is not kept between calls (it comes to ~36 MB compressed for Qwen3-TTS-0.6B, above what a
+# call may bring back), so each call compiles afresh.
 # Carried (gitignored): .whl (Python 3.12 wheels the image lacks; list in executor_h200.sh).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 shim=/tmp/tilevox-src/tilevox  # tilevox importable without installing it (setup.py's package_dir, as symlinks)
-mkdir -p "$shim" /tmp/inductor /tmp/bench
+mkdir -p "$shim" /tmp/bench
 ln -sf "$PWD/tilevox/__init__.py" "$shim/__init__.py"
 for folder in trt_plugins models executor engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
 repo=$PWD
-[ -f .device-carry/inductor.tgz ] && tar -xzf .device-carry/inductor.tgz -C /tmp/inductor
-export PYTHONPATH=/tmp/tilevox-src:/tmp/site:$repo PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
+export PYTHONPATH=/tmp/tilevox-src:/tmp/site:$repo PYTHONUNBUFFERED=1
 cd /tmp/tilevox-src  # not the repo root: its tilevox/ (the namespace's __init__ alone) would shadow the shim
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u +%FT%TZ; echo "commit ${TILEVOX_COMMIT:-unknown}"; } > "$OUT/gpu.txt"
 while [ $# -gt 0 ]; do
@@ -28,15 +28,16 @@ while [ $# -gt 0 ]; do
         --out "$OUT/frame_breakdown_${models//,/_}.json" --profile-out "$OUT/profile_${models//,/_}.txt" 2>&1 \
         | grep -v "^ " | tee -a "$OUT/frames.log" ;;
     tests)
+      expr=$1; shift  # pytest -k expression ("" = all)
       timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" --rootdir "$repo" \
-        "$repo/tests/executor" "$repo/tests/models/test_capacity.py" > "$OUT/gpu_tests.log" 2>&1
+        -k "$expr" "$repo/tests/executor" "$repo/tests/models/test_capacity.py" > "$OUT/gpu_tests.log" 2>&1
       tail -4 "$OUT/gpu_tests.log" ;;
     bench)
-      name=$1 model=$2 levels=$3 mode=$4; shift 4
+      name=$1 model=$2 levels=$3 mode=$4 seconds=$5; shift 5
       serve=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do serve+=("--serve-arg=$1"); shift; done; shift || true
       start=$(date +%s)
-      timeout 400 python3 -m tilevox.server.cli bench --device cuda --model "$model" --levels "$levels" --mode "$mode" \
-        --max-duration 4 --no-plot --out "/tmp/bench/$name.json" "${serve[@]}" 2>&1 | tail -8 | sed "s|^|$name: |" \
+      timeout "$seconds" python3 -m tilevox.server.cli bench --device cuda --model "$model" --levels "$levels" --mode "$mode" \
+        --rate 8 --duration 20 --max-duration 4 --no-plot --out "/tmp/bench/$name.json" "${serve[@]}" 2>&1 | tail -8 | sed "s|^|$name: |" \
         | tee -a "$OUT/bench.log"
       echo "$name: $(( $(date +%s) - start )) s with server start-up" | tee -a "$OUT/bench.log"
       python3 -c "import json,os,sys; p=sys.argv[1]; r=json.load(open(p)); r['commit']=os.environ.get('TILEVOX_COMMIT','unknown'); json.dump(r,open(p,'w'),indent=1)" "/tmp/bench/$name.json" \
@@ -45,4 +46,3 @@ while [ $# -gt 0 ]; do
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done
-tar -czf "$OUT/inductor.tgz" -C /tmp/inductor . && ls -la "$OUT/inductor.tgz"
