@@ -341,6 +341,38 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden[0, -1])
 
     @torch.inference_mode()
+    def prefill_many(self, cache: LlamaKVCache, slots: Sequence[int], prompts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Append each prompt (T_b,) to its empty slot in one batched forward; returns each one's last
+        position's logits (B, V). The prompts are right-padded to the longest: the padding's keys land past
+        each slot's length, where attention never looks and where decoding writes before it reads."""
+        slots = [int(s) for s in slots]
+        if len(slots) != len(prompts) or not slots or len(set(slots)) != len(slots):
+            raise ValueError(f"prefill_many needs distinct slots, one prompt each: {slots}, {len(prompts)} prompts")
+        for slot, prompt in zip(slots, prompts):
+            cache._check_slot(slot)
+            if cache.lengths[slot] != 0:
+                raise ValueError(f"prefill_many fills empty slots; slot {slot} holds {cache.lengths[slot]} positions")
+            if prompt.dim() != 1 or prompt.numel() == 0:
+                raise ValueError(f"prefill token_ids must be a non-empty 1-D tensor, got shape {tuple(prompt.shape)}")
+        lengths = [int(p.numel()) for p in prompts]
+        longest = max(lengths)
+        if longest > cache.max_seq_len:
+            raise ValueError(f"prefill of {longest} tokens exceeds the cache length {cache.max_seq_len}")
+        device = self.device
+        tokens = torch.zeros(len(slots), longest, dtype=torch.long, device=device)
+        for row, prompt in enumerate(prompts):
+            tokens[row, : lengths[row]] = prompt.to(device)
+        lowest, highest = int(tokens.min()), int(tokens.max())  # the padding (0) is a valid id
+        if lowest < 0 or highest >= self.config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lowest}, {highest}]")
+        positions = torch.arange(longest, device=device)[None].expand(len(slots), longest)
+        hidden = self.forward(tokens, cache, torch.tensor(slots, device=device), positions, longest)  # (B, T, H)
+        last = torch.tensor(lengths, device=device) - 1
+        for slot, length in zip(slots, lengths):
+            cache.lengths[slot] = length
+        return self.lm_head(hidden[torch.arange(len(slots), device=device), last])
+
+    @torch.inference_mode()
     def decode(self, cache: LlamaKVCache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor:
         """Append one token per stream: token_ids (B,) to `slots` (B distinct); returns logits (B, V)."""
         slots = [int(s) for s in slots]

@@ -190,35 +190,60 @@ class LlasaModel(SpeechModel):
         return prompt_ids
 
     def open_stream(self, request: SynthesisRequest) -> int:
-        prompt_ids = self._prompt_ids(request)
-        if len(self._streams) >= self.max_streams:
-            raise StreamCapacityError(
-                f"all {self.max_streams} streams are open (max_streams); close or finish one before opening another"
-            )
-        max_frames = max(1, math.floor(request.max_duration_s * self.frame_rate_hz + 1e-9))
-        # prompt + generated tokens stay within max_seq_len, as transformers' max_length would.
-        sampling = request.sampling or SamplingParams()  # Llasa's card has no generation defaults of its own
-        max_new_tokens = min(sampling.max_new_tokens, max_frames, self.max_seq_len - len(prompt_ids))
-        slot = self._cache.allocate()
+        result = self.open_streams([request])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    @torch.no_grad()
+    def open_streams(self, requests: Sequence[SynthesisRequest]) -> list[int | Exception]:
+        """Every acceptable request's prompt in one batched prefill (LlamaForCausalLM.prefill_many); a
+        request refused (bad input, no free stream) gets its exception and never fails the others."""
+        out: list[int | Exception] = []
+        accepted: list[tuple[int, list[int], SamplingParams, int]] = []  # (index, prompt, sampling, max new)
+        for request in requests:
+            try:
+                prompt_ids = self._prompt_ids(request)
+                if len(self._streams) + len(accepted) >= self.max_streams:
+                    raise StreamCapacityError(
+                        f"all {self.max_streams} streams are open (max_streams); close or finish one before "
+                        "opening another"
+                    )
+                max_frames = max(1, math.floor(request.max_duration_s * self.frame_rate_hz + 1e-9))
+                # prompt + generated tokens stay within max_seq_len, as transformers' max_length would.
+                sampling = request.sampling or SamplingParams()  # Llasa's card has no generation defaults
+                max_new = min(sampling.max_new_tokens, max_frames, self.max_seq_len - len(prompt_ids))
+                accepted.append((len(out), prompt_ids, sampling, max_new))
+                out.append(RuntimeError("not admitted"))  # replaced below
+            except Exception as exc:  # noqa: BLE001 - this request fails alone
+                out.append(exc)
+        if not accepted:
+            return out
+        slots = [self._cache.allocate() for _ in accepted]
         try:
-            prompt = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
+            prompts = [torch.tensor(p, dtype=torch.long, device=self.device) for _, p, _, _ in accepted]
             with record_function("tilevox.prefill"):
-                logits = self.llama.prefill(self._cache, slot, prompt)
-        except BaseException:
-            self._cache.free(slot)
-            raise
-        stream_id = next(self._next_id)
-        self._streams[stream_id] = _Stream(
-            slot=slot,
-            params=sampling,
-            generator=make_generator(request.seed, self.device),
-            pending_logits=logits,
-            generated=torch.empty(max_new_tokens, dtype=torch.long, device=self.device),
-            num_generated=0,
-            max_new_tokens=max_new_tokens,
-            codec=XCodec2StreamDecoder(self.codec, **self._codec_options),
-        )
-        return stream_id
+                logits = self.llama.prefill_many(self._cache, slots, prompts)  # (B, V)
+        except Exception as exc:  # noqa: BLE001 - the batched prefill failed: each of its requests fails
+            for slot in slots:
+                self._cache.free(slot)
+            for index, _, _, _ in accepted:
+                out[index] = exc
+            return out
+        for row, ((index, _, sampling, max_new), slot) in enumerate(zip(accepted, slots)):
+            stream_id = next(self._next_id)
+            self._streams[stream_id] = _Stream(
+                slot=slot,
+                params=sampling,
+                generator=make_generator(requests[index].seed, self.device),
+                pending_logits=logits[row],
+                generated=torch.empty(max_new, dtype=torch.long, device=self.device),
+                num_generated=0,
+                max_new_tokens=max_new,
+                codec=XCodec2StreamDecoder(self.codec, **self._codec_options),
+            )
+            out[index] = stream_id
+        return out
 
     def step(self, stream_ids: Sequence[int]) -> list[AudioChunk]:
         ids = list(stream_ids)

@@ -236,3 +236,45 @@ def test_synthesize_end_to_end():
     assert result.num_frames == 25 and result.samples.size == 25 * HOP
     assert result.samples.dtype == np.float32 and np.isfinite(result.samples).all()
     assert model.open_stream_ids == ()
+
+
+def test_open_streams_prefills_a_batch_as_each_prompt_alone():
+    """One batched prefill of prompts of different lengths: each stream's greedy tokens equal its tokens
+    opened alone; a bad request and one beyond capacity fail alone, the others open."""
+    texts = ["Batched prefill", "A much longer prompt that pads the others in the batch", "Mid length one"]
+    requests = [SynthesisRequest(text=t, sampling=_sampling(True), max_duration_s=0.4, seed=1) for t in texts]
+    alone = {}
+    for n, request in enumerate(requests):
+        model, recorder = _tiny(), _Recorder()
+        model.token_observer = recorder
+        stream_id, _, _ = _run_alone(model, request)
+        alone[n] = recorder.tokens[stream_id]
+    model, recorder = _tiny(max_streams=3), _Recorder()
+    model.token_observer = recorder
+    bad = SynthesisRequest(text="Bad", voice="nobody")
+    opened = model.open_streams([requests[0], bad, requests[1], requests[2], requests[0]])
+    assert isinstance(opened[1], RequestError) and isinstance(opened[4], StreamCapacityError)
+    ids = [opened[0], opened[2], opened[3]]
+    while live := [i for i in ids if i in model.open_stream_ids]:
+        model.step(live)
+    for n, stream_id in enumerate(ids):
+        assert len(alone[n]) > 5 and recorder.tokens[stream_id] == alone[n]
+
+
+def test_prefill_many_equals_one_prompt_at_a_time():
+    model = _tiny(max_streams=3)
+    cache, gen = model._cache, torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 2000, (n,), generator=gen) for n in (5, 17, 9)]
+    slots = [cache.allocate() for _ in prompts]
+    many = model.llama.prefill_many(cache, slots, prompts)
+    assert [cache.lengths[s] for s in slots] == [5, 17, 9]
+    for slot in slots:
+        cache.free(slot)
+    for row, prompt in enumerate(prompts):
+        slot = cache.allocate()
+        torch.testing.assert_close(many[row], model.llama.prefill(cache, slot, prompt), atol=1e-5, rtol=0)
+        cache.free(slot)
+    slot = cache.allocate()
+    model.llama.prefill(cache, slot, prompts[0])
+    with pytest.raises(ValueError, match="fills empty slots"):
+        model.llama.prefill_many(cache, [slot], prompts[:1])
