@@ -3,7 +3,8 @@
 Today: each region a model declares (models.region_backends: Llasa's decoder_step, Qwen3-TTS's
 talker_step and code_predictor_loop) can run as a CUDA graph of its conventional PyTorch path, captured
 per (batch bucket, key-length bucket), with slot-indexed static inputs and the code predictor's sampling
-inside the graph (executor.sampling). On a CPU the same code runs eagerly. Imports flow one way:
+inside the graph (executor.sampling); with GraphOptions(compile=True) each region's function is compiled
+by Inductor first (batch and lengths symbolic). On a CPU the same code runs eagerly. Imports flow one way:
 trt_plugins <- models <- executor <- engine_builder <- server.
 """
 

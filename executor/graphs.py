@@ -14,7 +14,11 @@ sampling (the models' executor region) draws every stream's next token the same 
 SAMPLING_COUNTER_BASE + token index) after batched penalties. The Qwen3-TTS codec decode gathers its
 rows' states from the model's slot-indexed pool, decodes and scatters them back inside its graph.
 
-`GraphOptions(capture=False)`, or a CPU model, runs exactly the same code eagerly: the CPU reference.
+`GraphOptions(compile=True)` compiles each backend's function with torch.compile (Inductor, fullgraph)
+before its first capture; batch rows and key/history lengths are marked dynamic (a length enters as the
+size of a `_span` tensor), so a backend compiles about twice (batch 1, then any batch) rather than once
+per bucket. `GraphOptions(capture=False)`, or a CPU model, runs exactly the same code eagerly: the CPU
+reference.
 A call a backend cannot take (a prefill of several positions, a batch above max_batch, predictor
 sampling with a repetition penalty, another KV cache) runs the conventional path and the reason is
 logged once on the "tilevox.executor" logger. Imports: torch, models, this package.

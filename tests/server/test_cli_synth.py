@@ -130,3 +130,12 @@ def test_synth_cuda_graphs_flag_installs_the_executor(tmp_path, caplog, flag, ex
     }
     assert installed == expected
     assert soundfile.read(out)[0].size > 0
+
+
+def test_synth_compile_needs_the_executor(tmp_path, capsys):
+    """--compile on compiles the executor's regions: without the executor (a CPU with --cuda-graphs auto,
+    or off) it is a usage error naming the fix, not a silently uncompiled run."""
+    argv = ["synth", "--model", "random:qwen3-tts-tiny", "--text", "Hi", "--out", str(tmp_path / "x.wav")]
+    assert main([*argv, "--compile", "on", "--quiet"]) != 0
+    assert "needs --cuda-graphs on" in capsys.readouterr().err
+    assert not (tmp_path / "x.wav").exists()
