@@ -1,0 +1,78 @@
+"""Megakernel piece costs for the search, predicted by compiling each piece and simulating its tile graph.
+
+`SimulatedMegakernelCost(model, context=...)` is an engine_builder.composition.MegakernelCost: for a
+megakernel `Piece` at a batch it compiles that piece of the model's region (engine_builder.regions:
+layers [first, stop) of a decoder region, with the embedding when it starts at layer 0 of a token model
+and the head when it ends the region; the code-predictor loop whole), schedules it on the device's SMs
+and returns the simulated makespan (engine_builder.regions.schedule.simulate under the per-instruction
+roofline of engine_builder.regions.cost). Each (piece, batch) is compiled once. The costs are the
+region compiler's own estimates: calibrating them against the kernel's per-instruction timestamps on the
+GPU is the builder's profiling step, not done here. Imports: torch (through the region compiler),
+models.region_backends, engine_builder.
+"""
+
+from __future__ import annotations
+
+from tilevox.engine_builder.composition import Piece
+from tilevox.engine_builder.regions.compiler import compile_region
+from tilevox.engine_builder.regions.cost import H200, DeviceCosts
+from tilevox.engine_builder.regions.spec import RegionKind, RegionSpec, TilingConfig, region_spec
+from tilevox.models.decoder_view import ModelFamily
+from tilevox.models.region_backends import region_module
+
+__all__ = ["SimulatedMegakernelCost", "piece_spec"]
+
+
+def piece_spec(piece: Piece, family: ModelFamily) -> RegionSpec:
+    """The RegionSpec that compiles `piece` of a region whose network is of `family`."""
+    whole = region_spec(piece.region)
+    if whole.kind is RegionKind.CODE_PREDICTOR_LOOP:
+        return whole
+    return RegionSpec.layers(
+        piece.first_layer,
+        piece.stop_layer,
+        embed_input=piece.first_layer == 0 and family is ModelFamily.LLAMA,
+        lm_head=piece.head,
+    )
+
+
+class SimulatedMegakernelCost:
+    """(piece, batch) -> simulated seconds of one launch, for rows attending `context` keys."""
+
+    def __init__(
+        self,
+        model: object,
+        *,
+        context: int,
+        device: DeviceCosts = H200,
+        tiling: TilingConfig | None = None,
+    ) -> None:
+        if context < 1:
+            raise ValueError(f"context must be >= 1, got {context}")
+        self.model = model
+        self.context = context
+        self.device = device
+        self.tiling = tiling
+        self._times: dict[tuple[Piece, int], float] = {}
+
+    def __call__(self, piece: Piece, batch: int) -> float:
+        key = (piece, batch)
+        if key not in self._times:
+            network = region_module(self.model, piece.region)
+            spec = piece_spec(piece, network.decoder_view().family)
+            predictor = spec.kind is RegionKind.CODE_PREDICTOR_LOOP
+            region = compile_region(
+                network,
+                spec,
+                batch_size=batch,
+                max_context=None if predictor else self.context + 1,
+                tiling=self.tiling,
+                device=self.device,
+                num_sms=self.device.num_sms,
+            )
+            self._times[key] = region.predicted_time_s
+        return self._times[key]
+
+    @property
+    def num_compiled(self) -> int:
+        return len(self._times)
