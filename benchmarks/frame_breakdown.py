@@ -20,99 +20,20 @@ writes JSON (device, date, commit, torch). CPU smoke run: --device cpu --models 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
-import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 from benchmarks.common import commit, device_name, utc_now
+from tilevox.engine_builder.profile import PhaseTimer, SteadyStreams, phases_timed
+from tilevox.engine_builder.profile import synchronize as _sync
 from tilevox.models.registry import load_model, parse_dtype
-from tilevox.models.streaming import SynthesisRequest
-
-# Modules whose phases are labelled with record_function (each imports the name, so each is patched).
-LABELLED_MODULES = ("tilevox.models.qwen3_tts.model", "tilevox.models.llasa.model")
-TEXT = (
-    "Streaming speech synthesis on a Hopper GPU, one frame at a time, for as long as the benchmark needs "
-    "it to go on, with many streams sharing every step of the model. "
-) * 8
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class PhaseTimer:
-    """Stands in for `record_function` in the labelled modules: sync, time, sync, add."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.totals: dict[str, float] = defaultdict(float)
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        _sync(self.device)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            _sync(self.device)
-            self.totals[name.removeprefix("tilevox.")] += (time.perf_counter() - start) * 1e3
-
-
-@contextlib.contextmanager
-def phases_timed(timer: PhaseTimer):
-    modules = [sys.modules[name] for name in LABELLED_MODULES if name in sys.modules]
-    saved = [module.record_function for module in modules]
-    for module in modules:
-        module.record_function = timer
-    try:
-        yield
-    finally:
-        for module, original in zip(modules, saved):
-            module.record_function = original
-
-
-class Streams:
-    """B open streams; a finished one is replaced by a new one before the next step."""
-
-    def __init__(self, model, batch: int, max_duration_s: float):
-        self.model, self.max_duration_s, self.opened = model, max_duration_s, 0
-        self.ids: list[int] = self._open(batch)
-        self.finished: set[int] = set()
-
-    def _open(self, count: int) -> list[int]:
-        requests = [
-            SynthesisRequest(text=TEXT, seed=self.opened + i, max_duration_s=self.max_duration_s) for i in range(count)
-        ]
-        self.opened += count
-        ids = self.model.open_streams(requests)
-        for stream_id in ids:
-            if isinstance(stream_id, Exception):
-                raise stream_id
-        return ids
-
-    def step(self) -> None:
-        self.finished = {chunk.stream_id for chunk in self.model.step(self.ids) if chunk.is_finished}
-
-    def refill(self) -> None:
-        """Replace the streams the last step finished (outside the timed spans)."""
-        for stream_id in self.finished:
-            self.model.close(stream_id)
-        self.ids = [i for i in self.ids if i not in self.finished] + self._open(len(self.finished))
-        self.finished = set()
-
-    def close(self) -> None:
-        for stream_id in self.ids:
-            self.model.close(stream_id)
-
-
-def profile_table(streams: Streams, steps: int, rows: int = 25) -> str:
+def profile_table(streams: SteadyStreams, steps: int, rows: int = 25) -> str:
     """torch.profiler over `steps` steps: the kernels (graph replays included) by total device time."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -133,7 +54,7 @@ def prefill_profile(model, admissions: int, rows: int = 30) -> str:
 
     profiler = cProfile.Profile()
     profiler.enable()
-    extra = Streams(model, admissions, 60.0)
+    extra = SteadyStreams(model, admissions, 60.0)
     _sync(model.device)
     profiler.disable()
     extra.close()
@@ -147,7 +68,7 @@ def measure(
 ) -> dict:
     device = model.device
     started = time.perf_counter()
-    streams = Streams(model, batch, max_duration_s)
+    streams = SteadyStreams(model, batch, max_duration_s)
     try:
         for _ in range(warmup):
             streams.step()
@@ -158,7 +79,7 @@ def measure(
         admissions = min(batch, model.max_streams - batch)
         for _ in range(3 if admissions else 0):  # admissions in one batched prefill, beside the running streams
             start = time.perf_counter()
-            extra = Streams(model, admissions, max_duration_s)
+            extra = SteadyStreams(model, admissions, max_duration_s)
             _sync(device)
             prefill.append((time.perf_counter() - start) * 1e3)
             extra.close()

@@ -1,8 +1,8 @@
 """Where to cut: the candidate compositions of a model's decode regions, their predicted step time, the
 search that picks one per batch bucket, and the model's category.
 
-A model's frame is a sequence of regions (`RegionLayout`: Qwen3-TTS `code_predictor_loop` then
-`talker_step`; Llasa `decoder_step`), each a run of layers (a region that cannot be cut, like the
+A model's frame is a sequence of regions (`RegionLayout`, in the order the model declares them: Qwen3-TTS
+`talker_step` and `code_predictor_loop`; Llasa `decoder_step`), each a run of layers (a region that cannot be cut, like the
 predictor loop, is one unit) followed by its head. A `Composition` cuts every region into consecutive
 `Piece`s, each run conventionally (captured CUDA graph of eager ops, or Inductor-compiled) or as one
 megakernel launch. Legal compositions: all conventional; the region as one megakernel; two to
@@ -394,9 +394,9 @@ def iter_pieces(compositions: Sequence[Composition]) -> Iterator[Piece]:
 
 def model_layout(model: object) -> tuple[RegionLayout, ...]:
     """The frame of `model` as the search sees it, from what the model declares (models.region_backends:
-    its decoder regions in frame order, each network's DecoderView): layers, whether a megakernel may cover
-    part of them (decoder regions yes; the code-predictor loop is one unit), and the bytes per stream that a
-    cut moves (the region's hidden state)."""
+    its decoder regions in its order, each network's DecoderView): layers, whether a megakernel may cover
+    part of them (decoder regions yes; the code-predictor loop is one unit), and the bytes per stream that
+    a cut moves (the region's hidden state)."""
     from tilevox.engine_builder.regions.spec import RegionKind, region_spec
     from tilevox.models.region_backends import region_module, region_names
 

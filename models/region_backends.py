@@ -44,6 +44,7 @@ __all__ = [
     "TalkerStepBackend",
     "TokenSamplingBackend",
     "backend_attribute",
+    "call_batch",
     "draw_tokens",
     "executor_region_names",
     "region_module",
@@ -168,6 +169,23 @@ def draw_tokens(
         stop_token_ids=stop_token_ids,
     )
     return backend(logits, rows)
+
+
+# How many streams one call of each region's backend carries (from the Protocols' arguments).
+_CALL_BATCH = {
+    DECODER_STEP: lambda cache, slots, token_ids: len(slots),
+    TALKER_STEP: lambda inputs, view: inputs.shape[0],
+    CODE_PREDICTOR_LOOP: lambda hidden, code0_embedding, choose, rows: hidden.shape[0],
+    CODEC_DECODE: lambda codes, pool, slots: codes.shape[0],
+    TOKEN_SAMPLING: lambda logits, rows: logits.shape[0],
+}
+
+
+def call_batch(name: str, *args, **kwargs) -> int:
+    """The number of streams in a call of region `name`'s backend with these arguments."""
+    if name not in _CALL_BATCH:
+        raise ValueError(f"no region named {name!r}")
+    return int(_CALL_BATCH[name](*args, **kwargs))
 
 
 def executor_region_names(model: object) -> tuple[str, ...]:

@@ -108,6 +108,14 @@ def _add_model_options(p) -> None:
         "a region that cannot run there stays on the PyTorch path with a logged reason",
     )
     p.add_argument(
+        "--plan",
+        type=Path,
+        default=None,
+        help="a plan written by `tilevox build` on this GPU: each decoder region runs, per batch bucket, on the "
+        "backend the plan chose (CUDA graph or megakernel); refused if built on another GPU, driver or kernel "
+        "library; not with --megakernel",
+    )
+    p.add_argument(
         "--megakernel-executor",
         default="cuda",
         choices=["cuda", "vm"],
@@ -149,6 +157,8 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
     the executor's backends were installed."""
     from tilevox.models.region_backends import executor_region_names, region_names
 
+    if args.plan is not None:
+        return _install_plan(model, args, device)
     on_megakernel: set[str] = set()
     if _megakernel_asked(args):
         from tilevox.engine_builder.regions import BackendOptions, Executor, install_megakernel_regions, parse_regions
@@ -171,6 +181,30 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
         model, [name for name in regions if name not in on_megakernel], GraphOptions(compile=args.compile == "on")
     )
     return any(reason is None for reason in installed.values())
+
+
+def _install_plan(model, args: argparse.Namespace, device: str) -> bool:
+    import torch
+
+    from tilevox.engine_builder.build import apply_plan, provenance_here
+    from tilevox.engine_builder.plan import load_plan
+    from tilevox.engine_builder.regions import BackendOptions, Executor
+    from tilevox.executor import GraphOptions
+
+    if _megakernel_asked(args):
+        raise CommandError("--plan chooses each region's backend: leave --megakernel out")
+    if args.cuda_graphs == "off":
+        raise CommandError("--plan runs through the executor: it needs --cuda-graphs on or auto")
+    plan = load_plan(args.plan, here=provenance_here(torch.device(device)))
+    dispatchers = apply_plan(
+        model,
+        plan,
+        graphs=GraphOptions(compile=args.compile == "on"),
+        megakernel=BackendOptions(executor=Executor(args.megakernel_executor)),
+    )
+    for name, dispatch in dispatchers.items():
+        log.info("plan %s: region %s: %s", args.plan, name, ", ".join(f"<= {b}: {k}" for b, k, _ in dispatch.choices))
+    return True
 
 
 def _run_synth(args: argparse.Namespace) -> int:
@@ -534,6 +568,105 @@ def _device_name(device: str | None) -> str:
     return "cpu"
 
 
+def _add_build(subparsers) -> None:
+    p = subparsers.add_parser(
+        "build",
+        help="profile a model's regions on this GPU, search where to run each, write a plan for --plan",
+        epilog=_presets_epilog(),
+    )
+    p.add_argument("--model", required=True, help="checkpoint directory or random:<preset>")
+    p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
+    p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="default: bf16 on cuda, fp32 on cpu")
+    p.add_argument("--batches", default="1,8,32,64", help="batch buckets to plan, comma separated")
+    p.add_argument(
+        "--backends",
+        default="graph,megakernel",
+        help="backends to profile, comma separated: graph, compiled, megakernel",
+    )
+    p.add_argument("--megakernel-executor", default="cuda", choices=["cuda", "vm"])
+    p.add_argument("--warmup", type=int, default=4, help="untimed steps per measurement")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per measurement")
+    p.add_argument("--out", required=True, type=Path, help="directory for plan.json and build_report.json")
+    p.set_defaults(handler=_run_build)
+
+
+def _run_build(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+    from tqdm import tqdm
+
+    from tilevox.engine_builder.build import build_plan
+    from tilevox.engine_builder.composition import Backend
+    from tilevox.engine_builder.plan import save_plan
+    from tilevox.engine_builder.regions import BackendOptions, Executor
+    from tilevox.models.registry import load_model, parse_dtype
+
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+        backends = [Backend(b.strip()) for b in args.backends.split(",")]
+    except ValueError as exc:
+        raise CommandError(f"--batches or --backends: {exc}") from None
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = parse_dtype(args.dtype or ("bf16" if device == "cuda" else "fp32"))
+    model = load_model(args.model, device=device, dtype=dtype)
+    largest = max(batches)
+    if largest > model.max_streams:
+        raise CommandError(f"batch {largest} is above the model's {model.max_streams} streams")
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tqdm(total=len(batches) * len(backends), desc="profiling", file=sys.stderr, leave=False) as bar:
+
+        def progress(what: str) -> None:
+            bar.set_postfix_str(what)
+            bar.update(1)
+
+        result = build_plan(
+            model,
+            args.model,
+            batches,
+            backends=backends,
+            megakernel=BackendOptions(executor=Executor(args.megakernel_executor)),
+            warmup=args.warmup,
+            steps=args.steps,
+            commit=_commit(),
+            progress=progress,
+        )
+    save_plan(result.plan, args.out / "plan.json")
+    report = {
+        "plan": result.plan.to_dict(),
+        "measured_ms": [
+            {"region": r, "backend": b, "batch": n, "ms_per_step": ms} for (r, b, n), ms in result.measured_ms.items()
+        ],
+        "not_profiled": result.unavailable,
+        "candidates": {str(batch): ranked for batch, ranked in result.ranked.items()},
+        "note": "per-region step times measured with synchronisation around each region (engine_builder.profile); "
+        "the executor runs regions whole today, so only whole-region compositions are candidates",
+    }
+    (args.out / "build_report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    for bucket in result.plan.buckets:
+        print(
+            f"{bucket.batch:>5} streams: {bucket.composition.label()}  ({bucket.predicted_step_s * 1e3:.2f} ms per step, "
+            f"best of {bucket.num_candidates})"
+        )
+    for what, why in result.unavailable.items():
+        print(f"not profiled: {what}: {why}")
+    print(f"wrote {args.out / 'plan.json'} and {args.out / 'build_report.json'}")
+    return 0
+
+
+def _commit() -> str:
+    """The checkout's commit for the plan's provenance (`unknown` outside a git checkout)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        return "unknown"
+    out = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).resolve().parent
+    )
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tilevox", description="Streaming text-to-speech for Hopper GPUs", epilog=_presets_epilog()
@@ -544,6 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(subparsers)
     _add_voices(subparsers)
     _add_bench(subparsers)
+    _add_build(subparsers)
     return parser
 
 

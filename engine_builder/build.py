@@ -1,0 +1,216 @@
+"""`tilevox build`: profile a model's regions on this machine, search the compositions, write the plan;
+and `apply_plan`, which makes a model follow a plan at run time.
+
+Today's build covers what the executor can run: each decoder region whole, either as the executor's
+CUDA graph of the conventional path or as one megakernel launch (layer splits are enumerated and priced by
+engine_builder.composition, but the executor cannot run a region in pieces yet, so the build searches
+whole-region compositions only). Profiling is measured, not simulated: for every batch bucket it runs
+`SpeechModel.step` of B streams with every region on each backend and times each region's phase
+(engine_builder.profile.region_times); a region's measured time is the conventional cost of its layers
+(spread evenly over them, its head included) or the megakernel's time for the whole region. The search
+ranks every candidate per bucket (engine_builder.composition.search); the plan records the winner, and
+the report every candidate's prediction.
+
+`apply_plan` installs, for each decoder region, a `BucketDispatch` (executor.dispatch) that sends a
+call to the backend the plan chose for its batch bucket. Imports: torch, models, executor,
+engine_builder.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tilevox.engine_builder.composition import (
+    Backend,
+    Composition,
+    ConventionalCosts,
+    Piece,
+    RegionLayout,
+    enumerate_compositions,
+    model_layout,
+    search,
+)
+from tilevox.engine_builder.plan import BucketPlan, Plan, PlanError, Provenance
+from tilevox.engine_builder.profile import region_times, this_machine
+from tilevox.engine_builder.regions.backends import BackendOptions, MegakernelUnavailable, make_backend
+from tilevox.executor.dispatch import BucketDispatch
+from tilevox.executor.graphs import GRAPH_BACKENDS, GraphOptions, install_graph_regions
+from tilevox.models.region_backends import call_batch, executor_region_names, region_module, set_region_backend
+
+__all__ = ["BuildResult", "apply_plan", "build_plan", "whole_region_compositions"]
+
+log = logging.getLogger("tilevox.build")
+
+
+def whole_region_compositions(layout: Sequence[RegionLayout], backends: Sequence[Backend]) -> list[Composition]:
+    """Every composition that runs each region whole on one of `backends` (what the executor runs today)."""
+    conventional = tuple(b for b in backends if b.is_conventional)
+    longest = max(r.num_layers for r in layout)
+    candidates = enumerate_compositions(layout, conventional=conventional or (Backend.GRAPH,), grid=longest)
+    allowed = set(backends)
+    return [c for c in candidates if all(p.backend in allowed for p in c.pieces)]
+
+
+def _install(model, backend: Backend, regions: Sequence[str], megakernel: BackendOptions) -> dict[str, object]:
+    """Put every region on `backend`; returns the megakernel backends (for their fallback counts)."""
+    if backend is Backend.MEGAKERNEL:
+        made = {name: make_backend(model, name, megakernel) for name in regions}
+        for name, instance in made.items():
+            set_region_backend(model, name, instance)
+        return made
+    install_graph_regions(model, regions, GraphOptions(compile=backend is Backend.COMPILED))
+    return {}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuildResult:
+    plan: Plan
+    measured_ms: dict[tuple[str, str, int], float]  # (region, backend, batch) -> ms per step
+    ranked: dict[int, list[dict]]  # batch -> every candidate's prediction, best first
+    unavailable: dict[str, str]  # backend -> why it was not profiled
+
+
+def build_plan(
+    model,
+    model_id: str,
+    batches: Sequence[int],
+    *,
+    backends: Sequence[Backend] = (Backend.GRAPH, Backend.MEGAKERNEL),
+    megakernel: BackendOptions | None = None,
+    warmup: int = 4,
+    steps: int = 8,
+    commit: str = "unknown",
+    progress: Callable[[str], None] | None = None,
+) -> BuildResult:
+    """Profile `model` (loaded on its device) at each batch in `batches` with each backend, search, plan."""
+    megakernel = megakernel or BackendOptions()
+    batches = sorted(set(batches))
+    if not batches or batches[0] < 1:
+        raise ValueError(f"batches must be positive, got {batches}")
+    layout = model_layout(model)
+    regions = [r.name for r in layout]
+    measured: dict[tuple[str, str, int], float] = {}
+    unavailable: dict[str, str] = {}
+    profiled: list[Backend] = []
+    for backend in backends:
+        try:
+            installed = _install(model, backend, regions, megakernel)
+        except MegakernelUnavailable as exc:
+            unavailable[backend.value] = exc.reason
+            log.warning("build: %s not profiled: %s", backend.value, exc.reason)
+            continue
+        install_graph_regions(model, executor_region_names(model))  # codec and sampling as served
+        for batch in batches:
+            if progress is not None:
+                progress(f"{backend.value} at {batch} streams")
+            fallbacks = {name: b.num_conventional_calls for name, b in installed.items()}
+            times = region_times(model, batch, warmup=warmup, steps=steps)
+            for name in regions:
+                if name not in times:
+                    raise RuntimeError(f"region {name} did not run in a step of {batch} streams")
+                measured[(name, backend.value, batch)] = times[name]
+                if name in installed and installed[name].num_conventional_calls > fallbacks[name]:
+                    # some calls ran the conventional path (reason logged): not a megakernel time
+                    measured[(name, backend.value, batch)] = math.inf
+                    unavailable[f"{backend.value} {name} at {batch}"] = "calls ran the conventional path (see the log)"
+        profiled.append(backend)
+        for name in regions:
+            set_region_backend(model, name, None)
+    if Backend.GRAPH not in profiled and not any(b.is_conventional for b in profiled):
+        raise RuntimeError("no conventional backend could be profiled")
+    layers = {r.name: r.num_layers for r in layout}
+    conventional = ConventionalCosts(
+        layer_s={
+            (name, Backend(kind), batch): ms * 1e-3 / layers[name]
+            for (name, kind, batch), ms in measured.items()
+            if Backend(kind).is_conventional
+        },
+        head_s={(name, Backend(kind), batch): 0.0 for (name, kind, batch) in measured if Backend(kind).is_conventional},
+    )
+
+    def megakernel_s(piece: Piece, batch: int) -> float:
+        return measured[(piece.region, Backend.MEGAKERNEL.value, batch)] * 1e-3
+
+    candidates = whole_region_compositions(layout, profiled)
+    buckets, ranked_report = [], {}
+    for batch in batches:
+        ranked = search(layout, batch, conventional=conventional, megakernel=megakernel_s, candidates=candidates)
+        ranked_report[batch] = [
+            {
+                "label": r.composition.label(),
+                "predicted_step_ms": r.step_s * 1e3,
+                "composition": r.composition.to_list(),
+            }
+            for r in ranked
+        ]
+        top = ranked[0]
+        buckets.append(
+            BucketPlan(
+                batch=batch,
+                composition=top.composition,
+                predicted_step_s=top.step_s,
+                predicted_ttfa_s=top.ttfa_s,
+                num_candidates=len(ranked),
+            )
+        )
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    provenance = this_machine(model.device, commit=commit, profile_date=now)
+    plan = Plan(model=model_id, provenance=provenance, layout=layout, buckets=tuple(buckets))
+    plan.validate()
+    return BuildResult(plan=plan, measured_ms=measured, ranked=ranked_report, unavailable=unavailable)
+
+
+def apply_plan(
+    model,
+    plan: Plan,
+    *,
+    graphs: GraphOptions | None = None,
+    megakernel: BackendOptions | None = None,
+) -> dict[str, BucketDispatch]:
+    """Make `model` follow `plan`: per decoder region, a dispatcher over the backends its buckets chose
+    (a call above the largest bucket runs that bucket's choice), and the executor's graphs for the executor
+    regions. Raises PlanError for a plan of another layout or one with layer splits (not runnable yet)."""
+    graphs, megakernel = graphs or GraphOptions(), megakernel or BackendOptions()
+    layout = model_layout(model)
+    if tuple(plan.layout) != layout:
+        raise PlanError(f"the plan's regions {[r.name for r in plan.layout]} do not match this model's {layout}")
+    made: dict[tuple[str, Backend], Callable] = {}
+
+    def backend_for(name: str, kind: Backend) -> Callable:
+        if (name, kind) not in made:
+            if kind is Backend.MEGAKERNEL:
+                made[(name, kind)] = make_backend(model, name, megakernel)
+            else:
+                options = GraphOptions(
+                    capture=graphs.capture, max_batch=graphs.max_batch, compile=kind is Backend.COMPILED
+                )
+                made[(name, kind)] = GRAPH_BACKENDS[name](region_module(model, name), options)
+        return made[(name, kind)]
+
+    dispatchers = {}
+    for region in layout:
+        choices = []
+        for bucket in plan.buckets:
+            pieces = [p for p in bucket.composition.pieces if p.region == region.name]
+            if len(pieces) != 1:
+                raise PlanError(
+                    f"bucket {bucket.batch} cuts region {region.name} into {len(pieces)} pieces; the executor runs "
+                    "regions whole"
+                )
+            choices.append((bucket.batch, pieces[0].backend.value, backend_for(region.name, pieces[0].backend)))
+        dispatcher = BucketDispatch(region.name, lambda *a, _n=region.name, **k: call_batch(_n, *a, **k), choices)
+        set_region_backend(model, region.name, dispatcher)
+        dispatchers[region.name] = dispatcher
+    install_graph_regions(model, executor_region_names(model), graphs)
+    return dispatchers
+
+
+def provenance_here(device: torch.device) -> Provenance:
+    """This machine's provenance, for checking a plan at load time (commit and date are not compared)."""
+    return this_machine(device, commit="", profile_date="")

@@ -1,0 +1,166 @@
+"""Measuring a model's regions where they run: per-region time of `SpeechModel.step`, and this machine's
+provenance for the plan.
+
+The models label each phase of a step with `torch.profiler.record_function("tilevox.<phase>")`, the
+phase named after its region (`tilevox.talker_step`, `tilevox.code_predictor_loop`,
+`tilevox.decoder_step`, ...). `phases_timed(PhaseTimer(device))` swaps that name in the labelled modules
+for a timer that synchronises the device before and after each phase, so a phase's time includes its
+launches and its GPU work. `SteadyStreams` keeps B streams open, replacing finished ones outside the timed
+spans. `region_times` runs warm-up steps, then timed steps, and returns each phase's median per step.
+`this_machine` is the provenance a plan built here records and a plan loaded here must match.
+Imports: torch, models (streaming), engine_builder.plan, trt_plugins.library (path only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+from tilevox.engine_builder.plan import Provenance
+from tilevox.models.streaming import SynthesisRequest
+
+__all__ = ["LABELLED_MODULES", "PhaseTimer", "SteadyStreams", "phases_timed", "region_times", "this_machine"]
+
+# Modules whose phases are labelled with record_function (each imports the name, so each is patched).
+LABELLED_MODULES = ("tilevox.models.qwen3_tts.model", "tilevox.models.llasa.model")
+PROFILE_TEXT = (
+    "Streaming speech synthesis on a Hopper GPU, one frame at a time, for as long as the profile needs "
+    "it to go on, with many streams sharing every step of the model. "
+)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PhaseTimer:
+    """Stands in for `record_function` in the labelled modules: sync, time, sync, add (milliseconds)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.totals: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            self.totals[name.removeprefix("tilevox.")] += (time.perf_counter() - start) * 1e3
+
+
+@contextlib.contextmanager
+def phases_timed(timer: PhaseTimer):
+    modules = [sys.modules[name] for name in LABELLED_MODULES if name in sys.modules]
+    saved = [module.record_function for module in modules]
+    for module in modules:
+        module.record_function = timer
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, saved):
+            module.record_function = original
+
+
+class SteadyStreams:
+    """B open streams of a long text; a finished one is replaced before the next step."""
+
+    def __init__(self, model, batch: int, max_duration_s: float, *, text: str = PROFILE_TEXT * 8):
+        self.model, self.max_duration_s, self.text, self.opened = model, max_duration_s, text, 0
+        self.ids: list[int] = self.open(batch)
+        self.finished: set[int] = set()
+
+    def open(self, count: int) -> list[int]:
+        requests = [
+            SynthesisRequest(text=self.text, seed=self.opened + i, max_duration_s=self.max_duration_s)
+            for i in range(count)
+        ]
+        self.opened += count
+        ids = self.model.open_streams(requests)
+        for stream_id in ids:
+            if isinstance(stream_id, Exception):
+                raise stream_id
+        return ids
+
+    def step(self) -> None:
+        self.finished = {chunk.stream_id for chunk in self.model.step(self.ids) if chunk.is_finished}
+
+    def refill(self) -> None:
+        """Replace the streams the last step finished (outside the timed spans)."""
+        for stream_id in self.finished:
+            self.model.close(stream_id)
+        self.ids = [i for i in self.ids if i not in self.finished] + self.open(len(self.finished))
+        self.finished = set()
+
+    def close(self) -> None:
+        for stream_id in self.ids:
+            self.model.close(stream_id)
+
+
+def region_times(
+    model, batch: int, *, warmup: int = 4, steps: int = 8, max_duration_s: float = 60.0
+) -> dict[str, float]:
+    """Median milliseconds per step of each labelled phase of `model.step` with `batch` streams (synced
+    timing; the first `warmup` steps, where graphs are captured and kernels compiled, are not counted)."""
+    if warmup < 0 or steps < 1:
+        raise ValueError(f"need warmup >= 0 and steps >= 1, got {warmup}, {steps}")
+    streams = SteadyStreams(model, batch, max_duration_s)
+    per_step: list[dict[str, float]] = []
+    try:
+        for _ in range(warmup):
+            streams.step()
+            streams.refill()
+        for _ in range(steps):
+            timer = PhaseTimer(model.device)
+            with phases_timed(timer):
+                streams.step()
+            per_step.append(dict(timer.totals))
+            streams.refill()
+    finally:
+        streams.close()
+    names = sorted({name for step in per_step for name in step})
+    return {name: statistics.median(step.get(name, 0.0) for step in per_step) for name in names}
+
+
+def _driver() -> str:
+    if shutil.which("nvidia-smi") is None:
+        return "none"
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    return out.stdout.strip() or "unknown"
+
+
+def _library_hash() -> str:
+    """sha256 (first 16 hex digits) of the kernel library the megakernel would load, or `none`."""
+    from tilevox.trt_plugins.library import kernels_library_path
+
+    path = kernels_library_path()
+    if not path.is_file():
+        return "none"
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def this_machine(device: torch.device, *, commit: str, profile_date: str) -> Provenance:
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return Provenance(
+        gpu=gpu,
+        driver=_driver() if device.type == "cuda" else "none",
+        library_hash=_library_hash(),
+        commit=commit,
+        profile_date=profile_date,
+    )

@@ -1,0 +1,84 @@
+"""`tilevox build` and `--plan` on CPU (the megakernel through its interpreter): a build profiles both
+backends and writes a plan that loads; synth follows a plan; a plan dispatches each call by its batch
+bucket; plans from another machine, or with --megakernel, are refused with a usage error."""
+
+from __future__ import annotations
+
+import json
+
+import soundfile
+import torch
+
+from tilevox.engine_builder.build import apply_plan, provenance_here
+from tilevox.engine_builder.composition import Backend, Composition, Piece, model_layout
+from tilevox.engine_builder.plan import BucketPlan, Plan, load_plan, save_plan
+from tilevox.engine_builder.regions import BackendOptions, Executor
+from tilevox.models.llasa.loader import load_preset as load_llasa
+from tilevox.models.sampling import SamplingParams
+from tilevox.models.streaming import SynthesisRequest
+from tilevox.server.cli import main
+
+
+def test_build_profiles_both_backends_and_writes_a_plan_synth_follows(tmp_path, capsys):
+    out = tmp_path / "build"
+    argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1,2"]
+    argv += ["--megakernel-executor", "vm", "--warmup", "1", "--steps", "1", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "1 streams: " in printed and "2 streams: " in printed
+    plan = load_plan(out / "plan.json", here=provenance_here(torch.device("cpu")))
+    assert [b.batch for b in plan.buckets] == [1, 2] and plan.provenance.gpu == "cpu"
+    report = json.loads((out / "build_report.json").read_text())
+    measured = {(m["region"], m["backend"], m["batch"]) for m in report["measured_ms"]}
+    regions = {"talker_step", "code_predictor_loop"}
+    assert measured == {(r, b, n) for r in regions for b in ("graph", "megakernel") for n in (1, 2)}
+    assert len(report["candidates"]["1"]) == 4  # each of two regions on graph or megakernel
+    wav = tmp_path / "x.wav"
+    synth = ["synth", "--model", "random:qwen3-tts-tiny", "--text", "Hi", "--out", str(wav), "--max-duration", "0.3"]
+    assert main([*synth, "--plan", str(out / "plan.json"), "--megakernel-executor", "vm", "--quiet"]) == 0
+    assert soundfile.read(wav)[0].size > 0
+    assert main([*synth, "--plan", str(out / "plan.json"), "--megakernel", "all"]) == 2
+    assert "leave --megakernel out" in capsys.readouterr().err
+    data = json.loads((out / "plan.json").read_text())
+    data["provenance"]["gpu"] = "NVIDIA H200"
+    (out / "plan.json").write_text(json.dumps(data))
+    assert main([*synth, "--plan", str(out / "plan.json")]) == 2
+    assert "measured elsewhere" in capsys.readouterr().err
+
+
+def test_a_plan_dispatches_each_call_by_its_batch_bucket(tmp_path):
+    """Bucket 1 on the megakernel (interpreter), buckets up to 4 on the executor's graph: one stream's
+    steps go to the megakernel, three streams' to the graph."""
+    model = load_llasa("llama-tiny", device="cpu", dtype=torch.float32, max_streams=4)
+    (layout,) = model_layout(model)
+
+    def bucket(batch: int, backend: Backend) -> BucketPlan:
+        piece = Piece(region=layout.name, first_layer=0, stop_layer=layout.num_layers, head=True, backend=backend)
+        return BucketPlan(
+            batch=batch,
+            composition=Composition((piece,)),
+            predicted_step_s=1e-3,
+            predicted_ttfa_s=2e-3,
+            num_candidates=2,
+        )
+
+    plan = Plan(
+        model="random:llama-tiny",
+        provenance=provenance_here(torch.device("cpu")),
+        layout=(layout,),
+        buckets=(bucket(1, Backend.MEGAKERNEL), bucket(4, Backend.GRAPH)),
+    )
+    save_plan(plan, tmp_path / "plan.json")
+    dispatch = apply_plan(model, load_plan(tmp_path / "plan.json"), megakernel=BackendOptions(executor=Executor.VM))
+    greedy = SamplingParams.greedy()
+    single = model.open_stream(SynthesisRequest(text="One", sampling=greedy, max_duration_s=0.1))
+    for _ in range(3):
+        model.step([single])
+    ids = [
+        model.open_stream(SynthesisRequest(text=f"Three {n}", sampling=greedy, max_duration_s=0.1)) for n in range(3)
+    ]
+    for _ in range(3):
+        model.step(ids)
+    calls = dispatch[layout.name].calls
+    assert calls[(1, "megakernel")] == 3 and calls[(4, "graph")] == 3
+    assert dispatch[layout.name].num_above_largest == 0
