@@ -592,6 +592,7 @@ def _add_build(subparsers) -> None:
 
 def _run_build(args: argparse.Namespace) -> int:
     import json
+    import math
 
     import torch
     from tqdm import tqdm
@@ -635,7 +636,8 @@ def _run_build(args: argparse.Namespace) -> int:
     report = {
         "plan": result.plan.to_dict(),
         "measured_ms": [
-            {"region": r, "backend": b, "batch": n, "ms_per_step": ms} for (r, b, n), ms in result.measured_ms.items()
+            {"region": r, "backend": b, "batch": n, "ms_per_step": ms if math.isfinite(ms) else None}
+            for (r, b, n), ms in result.measured_ms.items()
         ],
         "not_profiled": result.unavailable,
         "candidates": {str(batch): ranked for batch, ranked in result.ranked.items()},
