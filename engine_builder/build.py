@@ -144,21 +144,14 @@ def build_plan(
         ranked_report[batch] = [
             {
                 "label": r.composition.label(),
-                "predicted_step_ms": r.step_s * 1e3,
+                "predicted_step_ms": r.step_s * 1e3 if math.isfinite(r.step_s) else None,  # None: not measurable
                 "composition": r.composition.to_list(),
             }
             for r in ranked
         ]
-        top = ranked[0]
-        buckets.append(
-            BucketPlan(
-                batch=batch,
-                composition=top.composition,
-                predicted_step_s=top.step_s,
-                predicted_ttfa_s=top.ttfa_s,
-                num_candidates=len(ranked),
-            )
-        )
+        if not math.isfinite(ranked[0].step_s):
+            raise RuntimeError(f"no candidate could be measured at batch {batch}")
+        buckets.append(BucketPlan.best_of(batch, ranked))
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     provenance = this_machine(model.device, commit=commit, profile_date=now)
     plan = Plan(model=model_id, provenance=provenance, layout=layout, buckets=tuple(buckets))

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from tilevox.engine_builder.composition import Composition, RegionLayout
+from tilevox.engine_builder.composition import Composition, Ranked, RegionLayout
 
 __all__ = ["FORMAT", "MATCHED_BY_DEFAULT", "BucketPlan", "Plan", "PlanError", "Provenance", "load_plan", "save_plan"]
 
@@ -48,6 +48,20 @@ class BucketPlan:
     predicted_step_s: float
     predicted_ttfa_s: float
     num_candidates: int  # how many compositions were ranked for it
+
+    @classmethod
+    def best_of(cls, batch: int, ranked: Sequence[Ranked]) -> BucketPlan:
+        """The bucket's plan from a search's ranking (best first)."""
+        if not ranked:
+            raise PlanError(f"bucket {batch}: no candidates")
+        top = ranked[0]
+        return cls(
+            batch=batch,
+            composition=top.composition,
+            predicted_step_s=top.step_s,
+            predicted_ttfa_s=top.ttfa_s,
+            num_candidates=len(ranked),
+        )
 
     def to_dict(self) -> dict:
         return {

@@ -159,16 +159,7 @@ def _plan(tmp_path, *, gpu="NVIDIA H200"):
     buckets = []
     for batch in (1, 32):
         ranked = search([TALKER], batch, conventional=conventional, megakernel=megakernel, prefill_s=1e-3)
-        top = ranked[0]
-        buckets.append(
-            BucketPlan(
-                batch=batch,
-                composition=top.composition,
-                predicted_step_s=top.step_s,
-                predicted_ttfa_s=top.ttfa_s,
-                num_candidates=len(ranked),
-            )
-        )
+        buckets.append(BucketPlan.best_of(batch, ranked))
     plan = Plan(model="toy", provenance=provenance, layout=(TALKER,), buckets=tuple(buckets))
     path = tmp_path / "plan.json"
     save_plan(plan, path)
