@@ -39,6 +39,7 @@ from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
     CODEC_DECODE,
     DECODER_STEP,
+    TALKER_PREFILL,
     TALKER_STEP,
     TOKEN_SAMPLING,
     PredictorRows,
@@ -55,10 +56,12 @@ __all__ = [
     "LOGGER_NAME",
     "MIN_HISTORY_BUCKET",
     "MIN_KEY_BUCKET",
+    "MIN_PROMPT_BUCKET",
     "GraphOptions",
     "GraphedCodePredictorLoop",
     "GraphedCodecDecode",
     "GraphedDecoderStep",
+    "GraphedTalkerPrefill",
     "GraphedTalkerStep",
     "GraphedTokenSampling",
     "batch_bucket",
@@ -72,6 +75,7 @@ log = logging.getLogger(LOGGER_NAME)
 BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_KEY_BUCKET = 256
 MIN_HISTORY_BUCKET = 64
+MIN_PROMPT_BUCKET = 32  # prompt lengths of a captured prefill: powers of two from here, capped at the cache
 RECOMPILE_LIMIT = 32  # compilations per region function under GraphOptions(compile=True), all models together
 
 
@@ -79,6 +83,9 @@ RECOMPILE_LIMIT = 32  # compilations per region function under GraphOptions(comp
 class GraphOptions:
     capture: bool = True  # False: the same code eagerly (a CPU model always runs eagerly)
     max_batch: int = BATCH_BUCKETS[-1]  # larger calls run the conventional path
+    # Capture the Qwen3-TTS talker prefill too (region talker_prefill), per batch bucket and prompt-length
+    # bucket: off by default until it is measured on a GPU (its eager form runs otherwise).
+    prefill: bool = False
     # Inductor-compile each region's function (torch.compile, fullgraph) before its graphs are captured:
     # fewer, fused kernels per frame. Batch and length dimensions are compiled dynamic, so a backend
     # compiles twice (batch 1, then every other bucket and length) and the server's warm-up does both.
@@ -260,6 +267,60 @@ class GraphedTalkerStep(_GraphBackend):
             self._run_step,
             {"x": inputs[rows], "slots": view.slots[rows], "start": view.start[rows], "keys": self._span(keys)},
             dynamic={"x": (0,), "slots": (0,), "start": (0,), "keys": (0,)},
+        )
+        self.num_graph_calls += 1
+        return hidden[:batch].clone(), logits[:batch].clone()
+
+
+class GraphedTalkerPrefill(_GraphBackend):
+    """Talker.forward_prompts of right-padded prompts from position 0 (the TalkerPrefillBackend protocol),
+    one graph per (batch bucket, prompt-length bucket). The prompts are padded further, to the length
+    bucket, with zeros: as with the model's own right padding, those positions' keys lie past each
+    stream's prompt, where attention never looks and where decoding writes before it reads."""
+
+    name = TALKER_PREFILL
+
+    def __init__(self, talker: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
+        super().__init__(talker, options)
+        self.talker = talker
+        self._cache = None
+        self._run_prefill = self._compiled(self._prefill)
+
+    def _prefill(self, x: torch.Tensor, slots: torch.Tensor, last: torch.Tensor):
+        start = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        view = CacheView(cache=self._cache, slots=slots, start=start, kv_len=x.shape[1], write_offset=0)
+        return self.talker.forward_prompts(x, view, last)
+
+    def __call__(self, inputs: torch.Tensor, view: CacheView, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, length = inputs.shape[:2]
+        reason = None
+        if view.write_offset != 0:
+            reason = "a prefill that does not start at position 0"
+        elif not isinstance(view.slots, torch.Tensor):
+            reason = "slots given as a slice"
+        elif batch > self.options.max_batch:
+            reason = f"batch {batch} above max_batch {self.options.max_batch}"
+        elif self._cache is not None and view.cache is not self._cache:
+            reason = "another KV cache than the one the graphs were captured on"
+        elif length > view.cache.max_len:
+            reason = f"{length} prompt positions exceed the cache's {view.cache.max_len}"
+        if reason is not None:
+            self._fallback(reason)
+            return self.talker.forward_prompts(inputs, view, last)
+        self._cache = view.cache
+        span = MIN_PROMPT_BUCKET
+        while span < length:
+            span *= 2
+        span = min(span, view.cache.max_len)
+        bucket, rows = self._rows(batch)
+        padded = inputs.new_zeros(bucket, span, inputs.shape[2])
+        padded[:, :length] = inputs[rows]
+        self.keys_used.add((bucket, span))
+        hidden, logits = self.graphs.run(
+            (bucket, span),
+            self._run_prefill,
+            {"x": padded, "slots": view.slots[rows], "last": last[rows]},
+            dynamic={"x": (0, 1), "slots": (0,), "last": (0,)},
         )
         self.num_graph_calls += 1
         return hidden[:batch].clone(), logits[:batch].clone()
@@ -469,7 +530,10 @@ GRAPH_BACKENDS: dict[str, type[_GraphBackend]] = {
     CODE_PREDICTOR_LOOP: GraphedCodePredictorLoop,
     CODEC_DECODE: GraphedCodecDecode,
     TOKEN_SAMPLING: GraphedTokenSampling,
+    TALKER_PREFILL: GraphedTalkerPrefill,
 }
+# Regions captured only when GraphOptions asks for them (not yet measured on a GPU).
+OPT_IN: dict[str, str] = {TALKER_PREFILL: "prefill"}
 
 
 def install_graph_regions(
@@ -483,6 +547,10 @@ def install_graph_regions(
         if backend_class is None:
             result[name] = f"no graph backend for region {name!r}"
             log.warning("graph region %s: %s", name, result[name])
+            continue
+        if name in OPT_IN and not getattr(options, OPT_IN[name]):
+            result[name] = f"off (GraphOptions.{OPT_IN[name]}=False): its eager form runs"
+            log.info("region %s: %s", name, result[name])
             continue
         set_region_backend(model, name, backend_class(region_module(model, name), options))
         mode = "CUDA graphs" if options.capture and next(region_module(model, name).parameters()).is_cuda else "eager"

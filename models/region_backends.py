@@ -34,6 +34,7 @@ __all__ = [
     "QWEN3_TTS_EXECUTOR_REGIONS",
     "QWEN3_TTS_REGIONS",
     "SAMPLING_COUNTER_BASE",
+    "TALKER_PREFILL",
     "TALKER_STEP",
     "TOKEN_SAMPLING",
     "CodePredictorLoopBackend",
@@ -41,6 +42,7 @@ __all__ = [
     "DecoderStepBackend",
     "PredictorRows",
     "SamplingRows",
+    "TalkerPrefillBackend",
     "TalkerStepBackend",
     "TokenSamplingBackend",
     "backend_attribute",
@@ -57,10 +59,11 @@ TALKER_STEP = "talker_step"  # Qwen3-TTS: one talker forward of one position wit
 CODE_PREDICTOR_LOOP = "code_predictor_loop"  # Qwen3-TTS: codebooks 1..Q-1 of one frame
 CODEC_DECODE = "codec_decode"  # Qwen3-TTS: incremental codec decode of new frames for a batch of state slots
 TOKEN_SAMPLING = "token_sampling"  # the next token of each stream from its logits (penalties, filters, draw)
+TALKER_PREFILL = "talker_prefill"  # Qwen3-TTS: one batched talker forward of right-padded prompts from position 0
 
 LLASA_REGIONS: tuple[str, ...] = (DECODER_STEP,)
 QWEN3_TTS_REGIONS: tuple[str, ...] = (TALKER_STEP, CODE_PREDICTOR_LOOP)
-QWEN3_TTS_EXECUTOR_REGIONS: tuple[str, ...] = (CODEC_DECODE, TOKEN_SAMPLING)
+QWEN3_TTS_EXECUTOR_REGIONS: tuple[str, ...] = (CODEC_DECODE, TOKEN_SAMPLING, TALKER_PREFILL)
 LLASA_EXECUTOR_REGIONS: tuple[str, ...] = (TOKEN_SAMPLING,)
 # A token-sampling backend that draws on the device uses counters from here on (the stream's token index
 # added), so its draws never meet the code predictor's (frame x heads + head, far below) for one seed.
@@ -71,6 +74,15 @@ class DecoderStepBackend(Protocol):
     """As LlamaForCausalLM.decode: append one token per slot, advance cache.lengths, return logits (B, V)."""
 
     def __call__(self, cache: LlamaKVCache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor: ...
+
+
+class TalkerPrefillBackend(Protocol):
+    """As Talker.forward_prompts: right-padded prompts (B, T, H) written from position 0 of view.slots
+    (view.write_offset 0) -> (hidden (B, H), logits (B, V)) at each row's last prompt position `last` (B,)."""
+
+    def __call__(
+        self, inputs: torch.Tensor, view: CacheView, last: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class TalkerStepBackend(Protocol):
@@ -178,6 +190,7 @@ _CALL_BATCH = {
     CODE_PREDICTOR_LOOP: lambda hidden, code0_embedding, choose, rows: hidden.shape[0],
     CODEC_DECODE: lambda codes, pool, slots: codes.shape[0],
     TOKEN_SAMPLING: lambda logits, rows: logits.shape[0],
+    TALKER_PREFILL: lambda inputs, view, last: inputs.shape[0],
 }
 
 

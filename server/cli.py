@@ -91,6 +91,13 @@ def _add_model_options(p) -> None:
         "on = also on a CPU (the same code, eagerly); off = the plain PyTorch path",
     )
     p.add_argument(
+        "--graph-prefill",
+        default="off",
+        choices=["on", "off"],
+        help="with the executor: also capture the Qwen3-TTS talker prefill in CUDA graphs (per batch and "
+        "prompt-length bucket); off by default: not yet measured on a GPU",
+    )
+    p.add_argument(
         "--compile",
         default="off",
         choices=["on", "off"],
@@ -169,18 +176,25 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
         )
         on_megakernel = {name for name, reason in installed.items() if reason is None}
     if args.cuda_graphs == "off" or (args.cuda_graphs == "auto" and device != "cuda"):
-        if args.compile == "on":
-            raise CommandError(
-                "--compile on compiles the executor's regions: it needs --cuda-graphs on (or auto on a GPU)"
-            )
+        for flag, value in (("--compile", args.compile), ("--graph-prefill", args.graph_prefill)):
+            if value == "on":
+                raise CommandError(
+                    f"{flag} on changes how the executor runs its regions: it needs --cuda-graphs on (or auto on a GPU)"
+                )
         return False
-    from tilevox.executor import GraphOptions, install_graph_regions
+    from tilevox.executor import install_graph_regions
 
     regions = (*region_names(model), *executor_region_names(model))
     installed = install_graph_regions(
-        model, [name for name in regions if name not in on_megakernel], GraphOptions(compile=args.compile == "on")
+        model, [name for name in regions if name not in on_megakernel], _graph_options(args)
     )
     return any(reason is None for reason in installed.values())
+
+
+def _graph_options(args: argparse.Namespace):
+    from tilevox.executor import GraphOptions
+
+    return GraphOptions(compile=args.compile == "on", prefill=args.graph_prefill == "on")
 
 
 def _install_plan(model, args: argparse.Namespace, device: str) -> bool:
@@ -189,7 +203,6 @@ def _install_plan(model, args: argparse.Namespace, device: str) -> bool:
     from tilevox.engine_builder.build import apply_plan, provenance_here
     from tilevox.engine_builder.plan import load_plan
     from tilevox.engine_builder.regions import BackendOptions, Executor
-    from tilevox.executor import GraphOptions
 
     if _megakernel_asked(args):
         raise CommandError("--plan chooses each region's backend: leave --megakernel out")
@@ -199,7 +212,7 @@ def _install_plan(model, args: argparse.Namespace, device: str) -> bool:
     dispatchers = apply_plan(
         model,
         plan,
-        graphs=GraphOptions(compile=args.compile == "on"),
+        graphs=_graph_options(args),
         megakernel=BackendOptions(executor=Executor(args.megakernel_executor)),
     )
     for name, dispatch in dispatchers.items():

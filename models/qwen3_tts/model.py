@@ -32,11 +32,13 @@ from tilevox.models.region_backends import (
     CODEC_DECODE,
     QWEN3_TTS_EXECUTOR_REGIONS,
     QWEN3_TTS_REGIONS,
+    TALKER_PREFILL,
     TALKER_STEP,
     TOKEN_SAMPLING,
     CodecDecodeBackend,
     CodePredictorLoopBackend,
     PredictorRows,
+    TalkerPrefillBackend,
     TalkerStepBackend,
     TokenSamplingBackend,
     draw_tokens,
@@ -135,14 +137,14 @@ class Qwen3TTSSpeechModel(SpeechModel):
     # head, and the whole code-predictor loop of a frame.
     region_names = QWEN3_TTS_REGIONS
     # Regions only an executor runs: the codec decode of a batch of streams' new frames (exact decode
-    # mode, from the codec-state pool) and the sampling of codebook 0.
+    # mode, from the codec-state pool), the sampling of codebook 0, and the batched talker prefill.
     executor_region_names = QWEN3_TTS_EXECUTOR_REGIONS
 
     def region_modules(self) -> dict[str, nn.Module]:
         return qwen3_tts_region_modules(self.talker)
 
     def executor_region_modules(self) -> dict[str, nn.Module]:
-        return {CODEC_DECODE: self.codec_decoder, TOKEN_SAMPLING: self.talker.codec_head}
+        return {CODEC_DECODE: self.codec_decoder, TOKEN_SAMPLING: self.talker.codec_head, TALKER_PREFILL: self.talker}
 
     def __init__(
         self,
@@ -195,6 +197,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
         self.code_predictor_loop_backend: CodePredictorLoopBackend | None = None
         self.codec_decode_backend: CodecDecodeBackend | None = None  # codec_decoder.decode_slots
         self.token_sampling_backend: TokenSamplingBackend | None = None  # sample_tokens of codebook 0
+        self.talker_prefill_backend: TalkerPrefillBackend | None = None  # talker.forward_prompts
         tc = config.talker
         self._eos = tc.codec_eos_token_id
         # The official generate() suppresses the top 1024 codec ids except EOS.
@@ -407,10 +410,9 @@ class Qwen3TTSSpeechModel(SpeechModel):
                 kv_len=longest,
                 write_offset=0,
             )
+            prefill = self.talker_prefill_backend or self.talker.forward_prompts
             with record_function("tilevox.prefill"):
-                hidden, logits = self.talker.forward_prompts(
-                    inputs, view, torch.tensor(lengths, device=self.device) - 1
-                )
+                hidden, logits = prefill(inputs, view, torch.tensor(lengths, device=self.device) - 1)
             streams = []
             for row, (p, slot) in enumerate(zip(prepared, slots)):
                 streams.append(

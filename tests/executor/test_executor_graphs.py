@@ -18,7 +18,14 @@ from tilevox.executor.graphs import LOGGER_NAME, MIN_KEY_BUCKET, batch_bucket, k
 from tilevox.models.llasa.loader import load_preset as load_llasa
 from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
 from tilevox.models.qwen3_tts.model import ModelOptions
-from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, CODEC_DECODE, DECODER_STEP, TALKER_STEP, TOKEN_SAMPLING
+from tilevox.models.region_backends import (
+    CODE_PREDICTOR_LOOP,
+    CODEC_DECODE,
+    DECODER_STEP,
+    TALKER_PREFILL,
+    TALKER_STEP,
+    TOKEN_SAMPLING,
+)
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest, synthesize
 
@@ -62,6 +69,7 @@ def test_qwen3_executor_equals_the_plain_path():
         CODE_PREDICTOR_LOOP: None,
         CODEC_DECODE: None,
         TOKEN_SAMPLING: None,
+        TALKER_PREFILL: "off (GraphOptions.prefill=False): its eager form runs",
     }
     model.frame_observer = lambda _sid, codes: frames["executor"].append(codes)
     got = synthesize(model, request)
@@ -223,3 +231,32 @@ def test_compiled_regions_equal_the_plain_path_and_compile_once_per_batch_kind()
     sampled_frames(model, [8, 9], sampled, steps=3)
     assert graphs["unique_graphs"] == after_first_batch
     assert model.talker_step_backend.keys_used >= {(4, 256), (2, 256)}
+
+
+def test_the_prefill_region_pads_to_buckets_and_equals_the_plain_prefill():
+    """GraphOptions(prefill=True): three prompts of different lengths prefilled together (padded to batch
+    bucket 4 and a prompt-length bucket) give the plain path's greedy frames and audio."""
+    texts = ["Short", "A somewhat longer prompt for the batch", "Middle length text"]
+    requests = [_greedy(text, 1.0) for text in texts]
+
+    def run(install: bool):
+        model = _qwen3()
+        if install:
+            install_graph_regions(model, [TALKER_PREFILL], GraphOptions(capture=False, prefill=True))
+        frames: dict[int, list[torch.Tensor]] = {}
+        model.frame_observer = lambda sid, codes: frames.setdefault(sid, []).append(codes)
+        ids = model.open_streams(requests)
+        audio = {i: [] for i in ids}
+        while live := [i for i in ids if i in model.open_stream_ids]:
+            for chunk in model.step(live):
+                audio[chunk.stream_id].append(chunk.samples)
+        return model, [(torch.stack(frames[i]), np.concatenate(audio[i])) for i in ids]
+
+    plain_model, plain = run(False)
+    model, got = run(True)
+    ((bucket, span),) = model.talker_prefill_backend.keys_used  # one call: 3 prompts padded to 4 rows
+    assert bucket == 4 and span >= 32 and span & (span - 1) == 0
+    assert model.talker_prefill_backend.num_graph_calls == 1
+    for (frames, audio), (want_frames, want_audio) in zip(got, plain):
+        assert frames.shape[0] > 5 and torch.equal(frames, want_frames)
+        np.testing.assert_allclose(audio, want_audio, atol=1e-4, rtol=0)

@@ -139,3 +139,15 @@ def test_synth_compile_needs_the_executor(tmp_path, capsys):
     assert main([*argv, "--compile", "on", "--quiet"]) != 0
     assert "needs --cuda-graphs on" in capsys.readouterr().err
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_synth_graph_prefill_flag_installs_the_prefill_region(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="tilevox.executor")
+    argv = ["synth", "--model", "random:qwen3-tts-tiny", "--text", "Hi", "--out", str(tmp_path / "x.wav")]
+    assert main([*argv, "--max-duration", "0.3", "--cuda-graphs", "on", "--graph-prefill", "on", "--quiet"]) == 0
+    assert any(r.getMessage() == "region talker_prefill: executor (eager)" for r in caplog.records)
+    caplog.clear()
+    assert main([*argv, "--max-duration", "0.3", "--cuda-graphs", "on", "--quiet"]) == 0
+    assert any("region talker_prefill: off" in r.getMessage() for r in caplog.records)
