@@ -38,6 +38,7 @@ from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
     CODEC_DECODE,
+    DECODER_PREFILL,
     DECODER_STEP,
     TALKER_PREFILL,
     TALKER_STEP,
@@ -60,6 +61,7 @@ __all__ = [
     "GraphOptions",
     "GraphedCodePredictorLoop",
     "GraphedCodecDecode",
+    "GraphedDecoderPrefill",
     "GraphedDecoderStep",
     "GraphedTalkerPrefill",
     "GraphedTalkerStep",
@@ -83,8 +85,8 @@ RECOMPILE_LIMIT = 32  # compilations per region function under GraphOptions(comp
 class GraphOptions:
     capture: bool = True  # False: the same code eagerly (a CPU model always runs eagerly)
     max_batch: int = BATCH_BUCKETS[-1]  # larger calls run the conventional path
-    # Capture the Qwen3-TTS talker prefill too (region talker_prefill), per batch bucket and prompt-length
-    # bucket: off by default until it is measured on a GPU (its eager form runs otherwise).
+    # Capture the batched prefill too (regions talker_prefill, decoder_prefill), per batch bucket and
+    # prompt-length bucket: off by default until it is measured on a GPU (its eager form runs otherwise).
     prefill: bool = False
     # Inductor-compile each region's function (torch.compile, fullgraph) before its graphs are captured:
     # fewer, fused kernels per frame. Batch and length dimensions are compiled dynamic, so a backend
@@ -326,6 +328,55 @@ class GraphedTalkerPrefill(_GraphBackend):
         return hidden[:batch].clone(), logits[:batch].clone()
 
 
+class GraphedDecoderPrefill(_GraphBackend):
+    """LlamaForCausalLM.prefill_many (the DecoderPrefillBackend protocol): the checked, right-padded prompts
+    (prompt_batch) padded further to a batch bucket and a prompt-length bucket, then prefill_tokens from one
+    graph per (batch bucket, length bucket); padding rows repeat row 0 (same slot, same keys)."""
+
+    name = DECODER_PREFILL
+
+    def __init__(self, llama: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
+        super().__init__(llama, options)
+        self.llama = llama
+        self._cache = None
+        self._run_prefill = self._compiled(self._prefill)
+
+    def _prefill(self, tokens: torch.Tensor, slots: torch.Tensor, last: torch.Tensor):
+        return self.llama.prefill_tokens(tokens, self._cache, slots, last)
+
+    def __call__(self, cache, slots: Sequence[int], prompts: Sequence[torch.Tensor]) -> torch.Tensor:
+        tokens, lengths = self.llama.prompt_batch(cache, slots, prompts)  # raises for a malformed call
+        batch, length = tokens.shape
+        reason = None
+        if batch > self.options.max_batch:
+            reason = f"batch {batch} above max_batch {self.options.max_batch}"
+        elif self._cache is not None and cache is not self._cache:
+            reason = "another KV cache than the one the graphs were captured on"
+        if reason is not None:
+            self._fallback(reason)
+            return self.llama.prefill_many(cache, slots, prompts)
+        self._cache = cache
+        span = MIN_PROMPT_BUCKET
+        while span < length:
+            span *= 2
+        span = min(span, cache.max_seq_len)
+        bucket, rows = self._rows(batch)
+        padded = tokens.new_zeros(bucket, span)
+        padded[:, :length] = tokens[rows]
+        where = self._host_rows([(int(s), n - 1) for s, n in zip(slots, lengths)], torch.int64)[rows]
+        self.keys_used.add((bucket, span))
+        logits = self.graphs.run(
+            (bucket, span),
+            self._run_prefill,
+            {"tokens": padded, "slots": where[:, 0].contiguous(), "last": where[:, 1].contiguous()},
+            dynamic={"tokens": (0, 1), "slots": (0,), "last": (0,)},
+        )
+        for slot, n in zip(slots, lengths):
+            cache.lengths[int(slot)] = n
+        self.num_graph_calls += 1
+        return logits[:batch].clone()
+
+
 class GraphedCodePredictorLoop(_GraphBackend):
     """CodePredictor.predict of one frame with every head sampled in the graph (CodePredictorLoopBackend)."""
 
@@ -531,9 +582,10 @@ GRAPH_BACKENDS: dict[str, type[_GraphBackend]] = {
     CODEC_DECODE: GraphedCodecDecode,
     TOKEN_SAMPLING: GraphedTokenSampling,
     TALKER_PREFILL: GraphedTalkerPrefill,
+    DECODER_PREFILL: GraphedDecoderPrefill,
 }
 # Regions captured only when GraphOptions asks for them (not yet measured on a GPU).
-OPT_IN: dict[str, str] = {TALKER_PREFILL: "prefill"}
+OPT_IN: dict[str, str] = {TALKER_PREFILL: "prefill", DECODER_PREFILL: "prefill"}
 
 
 def install_graph_regions(

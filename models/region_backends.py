@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CODEC_DECODE",
     "CODE_PREDICTOR_LOOP",
+    "DECODER_PREFILL",
     "DECODER_STEP",
     "LLASA_EXECUTOR_REGIONS",
     "LLASA_REGIONS",
@@ -39,6 +40,7 @@ __all__ = [
     "TOKEN_SAMPLING",
     "CodePredictorLoopBackend",
     "CodecDecodeBackend",
+    "DecoderPrefillBackend",
     "DecoderStepBackend",
     "PredictorRows",
     "SamplingRows",
@@ -60,11 +62,12 @@ CODE_PREDICTOR_LOOP = "code_predictor_loop"  # Qwen3-TTS: codebooks 1..Q-1 of on
 CODEC_DECODE = "codec_decode"  # Qwen3-TTS: incremental codec decode of new frames for a batch of state slots
 TOKEN_SAMPLING = "token_sampling"  # the next token of each stream from its logits (penalties, filters, draw)
 TALKER_PREFILL = "talker_prefill"  # Qwen3-TTS: one batched talker forward of right-padded prompts from position 0
+DECODER_PREFILL = "decoder_prefill"  # Llasa: one batched Llama forward of prompts into empty slots -> logits
 
 LLASA_REGIONS: tuple[str, ...] = (DECODER_STEP,)
 QWEN3_TTS_REGIONS: tuple[str, ...] = (TALKER_STEP, CODE_PREDICTOR_LOOP)
 QWEN3_TTS_EXECUTOR_REGIONS: tuple[str, ...] = (CODEC_DECODE, TOKEN_SAMPLING, TALKER_PREFILL)
-LLASA_EXECUTOR_REGIONS: tuple[str, ...] = (TOKEN_SAMPLING,)
+LLASA_EXECUTOR_REGIONS: tuple[str, ...] = (TOKEN_SAMPLING, DECODER_PREFILL)
 # A token-sampling backend that draws on the device uses counters from here on (the stream's token index
 # added), so its draws never meet the code predictor's (frame x heads + head, far below) for one seed.
 SAMPLING_COUNTER_BASE = 1 << 31
@@ -74,6 +77,13 @@ class DecoderStepBackend(Protocol):
     """As LlamaForCausalLM.decode: append one token per slot, advance cache.lengths, return logits (B, V)."""
 
     def __call__(self, cache: LlamaKVCache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor: ...
+
+
+class DecoderPrefillBackend(Protocol):
+    """As LlamaForCausalLM.prefill_many: each prompt (T_b,) into its empty slot, cache.lengths set; returns
+    each prompt's last position's logits (B, V)."""
+
+    def __call__(self, cache: LlamaKVCache, slots: Sequence[int], prompts: Sequence[torch.Tensor]) -> torch.Tensor: ...
 
 
 class TalkerPrefillBackend(Protocol):
@@ -191,6 +201,7 @@ _CALL_BATCH = {
     CODEC_DECODE: lambda codes, pool, slots: codes.shape[0],
     TOKEN_SAMPLING: lambda logits, rows: logits.shape[0],
     TALKER_PREFILL: lambda inputs, view, last: inputs.shape[0],
+    DECODER_PREFILL: lambda cache, slots, prompts: len(slots),
 }
 
 

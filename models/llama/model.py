@@ -345,6 +345,19 @@ class LlamaForCausalLM(nn.Module):
         """Append each prompt (T_b,) to its empty slot in one batched forward; returns each one's last
         position's logits (B, V). The prompts are right-padded to the longest: the padding's keys land past
         each slot's length, where attention never looks and where decoding writes before it reads."""
+        tokens, lengths = self.prompt_batch(cache, slots, prompts)
+        device = self.device
+        last = torch.tensor(lengths, device=device) - 1
+        logits = self.prefill_tokens(tokens, cache, torch.tensor([int(s) for s in slots], device=device), last)
+        for slot, length in zip(slots, lengths):
+            cache.lengths[int(slot)] = length
+        return logits
+
+    def prompt_batch(
+        self, cache: LlamaKVCache, slots: Sequence[int], prompts: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Check a batched prefill (distinct empty slots, non-empty prompts of valid ids that fit) and return
+        the prompts right-padded with id 0 into (B, longest) on the device, and their lengths."""
         slots = [int(s) for s in slots]
         if len(slots) != len(prompts) or not slots or len(set(slots)) != len(slots):
             raise ValueError(f"prefill_many needs distinct slots, one prompt each: {slots}, {len(prompts)} prompts")
@@ -358,19 +371,23 @@ class LlamaForCausalLM(nn.Module):
         longest = max(lengths)
         if longest > cache.max_seq_len:
             raise ValueError(f"prefill of {longest} tokens exceeds the cache length {cache.max_seq_len}")
-        device = self.device
-        tokens = torch.zeros(len(slots), longest, dtype=torch.long, device=device)
+        tokens = torch.zeros(len(slots), longest, dtype=torch.long, device=self.device)
         for row, prompt in enumerate(prompts):
-            tokens[row, : lengths[row]] = prompt.to(device)
+            tokens[row, : lengths[row]] = prompt.to(self.device)
         lowest, highest = int(tokens.min()), int(tokens.max())  # the padding (0) is a valid id
         if lowest < 0 or highest >= self.config.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lowest}, {highest}]")
-        positions = torch.arange(longest, device=device)[None].expand(len(slots), longest)
-        hidden = self.forward(tokens, cache, torch.tensor(slots, device=device), positions, longest)  # (B, T, H)
-        last = torch.tensor(lengths, device=device) - 1
-        for slot, length in zip(slots, lengths):
-            cache.lengths[slot] = length
-        return self.lm_head(hidden[torch.arange(len(slots), device=device), last])
+        return tokens, lengths
+
+    def prefill_tokens(
+        self, tokens: torch.Tensor, cache: LlamaKVCache, slots: torch.Tensor, last: torch.Tensor
+    ) -> torch.Tensor:
+        """Right-padded prompts (B, T) written from position 0 of `slots` (B,): logits (B, V) at each row's
+        `last` position. Tensors only (no host values): a CUDA graph can capture it. Leaves cache.lengths."""
+        batch, length = tokens.shape
+        positions = torch.arange(length, device=tokens.device)[None].expand(batch, length)
+        hidden = self.forward(tokens, cache, slots, positions, length)  # (B, T, H)
+        return self.lm_head(hidden[torch.arange(batch, device=tokens.device), last])
 
     @torch.inference_mode()
     def decode(self, cache: LlamaKVCache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor:

@@ -21,10 +21,12 @@ from tilevox.models.errors import RequestError
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.llasa.tokenizer import LlasaTokenizer
 from tilevox.models.region_backends import (
+    DECODER_PREFILL,
     DECODER_STEP,
     LLASA_EXECUTOR_REGIONS,
     LLASA_REGIONS,
     TOKEN_SAMPLING,
+    DecoderPrefillBackend,
     DecoderStepBackend,
     TokenSamplingBackend,
     draw_tokens,
@@ -78,10 +80,10 @@ class LlasaModel(SpeechModel):
     # Regions another executor may run (models.region_backends): the per-step batched decode.
     region_names = LLASA_REGIONS
 
-    executor_region_names = LLASA_EXECUTOR_REGIONS  # token sampling, run by an executor only
+    executor_region_names = LLASA_EXECUTOR_REGIONS  # token sampling and the batched prefill
 
     def executor_region_modules(self) -> dict[str, torch.nn.Module]:
-        return {TOKEN_SAMPLING: self.llama.lm_head}
+        return {TOKEN_SAMPLING: self.llama.lm_head, DECODER_PREFILL: self.llama}
 
     def region_modules(self) -> dict[str, torch.nn.Module]:
         return llasa_region_modules(self.llama)
@@ -144,6 +146,7 @@ class LlasaModel(SpeechModel):
         # engine builder's megakernel step), set through models.region_backends.set_region_backend.
         self.decoder_step_backend: DecoderStepBackend | None = None
         self.token_sampling_backend: TokenSamplingBackend | None = None
+        self.decoder_prefill_backend: DecoderPrefillBackend | None = None  # llama.prefill_many
 
     # ---- SpeechModel interface -------------------------------------------------------------
 
@@ -223,7 +226,8 @@ class LlasaModel(SpeechModel):
         try:
             prompts = [torch.tensor(p, dtype=torch.long, device=self.device) for _, p, _, _ in accepted]
             with record_function("tilevox.prefill"):
-                logits = self.llama.prefill_many(self._cache, slots, prompts)  # (B, V)
+                prefill = self.decoder_prefill_backend or self.llama.prefill_many
+                logits = prefill(self._cache, slots, prompts)  # (B, V)
         except Exception as exc:  # noqa: BLE001 - the batched prefill failed: each of its requests fails
             for slot in slots:
                 self._cache.free(slot)

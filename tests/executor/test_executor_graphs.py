@@ -21,6 +21,7 @@ from tilevox.models.qwen3_tts.model import ModelOptions
 from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
     CODEC_DECODE,
+    DECODER_PREFILL,
     DECODER_STEP,
     TALKER_PREFILL,
     TALKER_STEP,
@@ -112,7 +113,11 @@ def test_llasa_executor_equals_the_plain_path():
     model = _llasa()
     model.token_observer = lambda _sid, token: tokens["plain"].append(token)
     plain = synthesize(model, request)
-    assert install_graph_regions(model, options=EAGER) == {DECODER_STEP: None, TOKEN_SAMPLING: None}
+    assert install_graph_regions(model, options=EAGER) == {
+        DECODER_STEP: None,
+        TOKEN_SAMPLING: None,
+        DECODER_PREFILL: "off (GraphOptions.prefill=False): its eager form runs",
+    }
     model.token_observer = lambda _sid, token: tokens["executor"].append(token)
     got = synthesize(model, request)
     assert len(tokens["plain"]) > 10 and tokens["executor"] == tokens["plain"]
@@ -260,3 +265,27 @@ def test_the_prefill_region_pads_to_buckets_and_equals_the_plain_prefill():
     for (frames, audio), (want_frames, want_audio) in zip(got, plain):
         assert frames.shape[0] > 5 and torch.equal(frames, want_frames)
         np.testing.assert_allclose(audio, want_audio, atol=1e-4, rtol=0)
+
+
+def test_the_llasa_prefill_region_pads_to_buckets_and_equals_prefill_many():
+    """decoder_prefill (GraphOptions(prefill=True)): three prompts in one call, padded to batch bucket 4 and
+    a length bucket: the same greedy tokens as the plain batched prefill, and the slots' lengths set."""
+    texts = ["Short", "A somewhat longer prompt for the batch", "Middle length text"]
+    requests = [_greedy(text, 0.3) for text in texts]
+
+    def run(install: bool):
+        model = _llasa()
+        if install:
+            install_graph_regions(model, [DECODER_PREFILL], GraphOptions(capture=False, prefill=True))
+        tokens: dict[int, list[int]] = {}
+        model.token_observer = lambda sid, token: tokens.setdefault(sid, []).append(token)
+        ids = model.open_streams(requests)
+        while live := [i for i in ids if i in model.open_stream_ids]:
+            model.step(live)
+        return model, [tokens[i] for i in ids]
+
+    _, plain = run(False)
+    model, got = run(True)
+    ((bucket, span),) = model.decoder_prefill_backend.keys_used
+    assert bucket == 4 and span >= 32 and model.decoder_prefill_backend.num_graph_calls == 1
+    assert all(len(t) > 5 for t in plain) and got == plain

@@ -1,7 +1,7 @@
 """The executor's CUDA graphs on a GPU (skipped without one): replaying captured graphs gives bit for bit
 what the same executor computes eagerly at the same batch composition (padding rows included), for
 Qwen3-TTS (talker step, code-predictor loop with on-device sampling, codec decode from the state pool,
-codebook-0 sampling, the talker prefill) and Llasa (decoder step, token sampling), and
+codebook-0 sampling, the talker prefill) and Llasa (decoder step, token sampling, batched prefill), and
 a stream that reuses a slot gets exactly what it gets in a fresh model. The same holds with the regions
 compiled by Inductor (GraphOptions(compile=True)): captured compiled code equals the compiled code run
 eagerly, bit for bit."""
@@ -36,7 +36,7 @@ def _qwen3(capture: bool, compile: bool = False):
 
 def _llasa(capture: bool, compile: bool = False):
     model = load_llasa("llama-tiny", device="cuda", dtype=torch.bfloat16, max_streams=4, max_seq_len=600)
-    install_graph_regions(model, options=GraphOptions(capture=capture, compile=compile))
+    install_graph_regions(model, options=GraphOptions(capture=capture, compile=compile, prefill=True))
     return model
 
 
