@@ -6,6 +6,9 @@
 #   tests EXPR             the GPU tests matching pytest -k EXPR ("": all)
 #   bench NAME MODEL LEVELS MODE SECONDS SERVE_ARGS... --  `tilevox bench` (4 s requests) against a started
 #                          server, cut after SECONDS; open loop at 8 requests/s for 20 s
+#   build MODEL BATCHES    `tilevox build` (graph vs megakernel per region and bucket; carry the kernel library
+#                          trt_plugins/build/libtilevox_kernels.so built here); not run yet
+# Serve flags go after the bench part's SECONDS, e.g. `--cuda-graphs on --graph-prefill on --`.
 # Inductor's cache is not kept between calls (it comes to ~36 MB compressed for Qwen3-TTS-0.6B, above what a
 # call may bring back), so each call compiles afresh.
 # Carried (gitignored): .whl (Python 3.12 wheels the image lacks; list in executor_h200.sh).
@@ -43,6 +46,11 @@ while [ $# -gt 0 ]; do
       python3 -c "import json,os,sys; p=sys.argv[1]; r=json.load(open(p)); r['commit']=os.environ.get('TILEVOX_COMMIT','unknown'); json.dump(r,open(p,'w'),indent=1)" "/tmp/bench/$name.json" \
         && cp "/tmp/bench/$name.json" "$OUT/"
       gzip -c "/tmp/bench/$name.server.log" > "$OUT/$name.server.log.gz" ;;
+    build)  # not run yet (written 2026-12-03, after the device budget was spent): tilevox build on the H200
+      model=$1 batches=$2; shift 2
+      export TILEVOX_KERNELS_LIB=${TILEVOX_KERNELS_LIB:-$repo/trt_plugins/build/libtilevox_kernels.so}
+      timeout 400 python3 -m tilevox.server.cli build --model "$model" --batches "$batches" \
+        --out "$OUT/build_${model#random:}" 2>&1 | tail -8 | sed "s|^|build $model: |" | tee -a "$OUT/build.log" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done
