@@ -37,13 +37,13 @@ from tilevox.engine_builder.composition import (
     search,
 )
 from tilevox.engine_builder.plan import BucketPlan, Plan, PlanError, Provenance
-from tilevox.engine_builder.profile import region_times, this_machine
+from tilevox.engine_builder.profile import region_times, step_time_ms, this_machine
 from tilevox.engine_builder.regions.backends import BackendOptions, MegakernelUnavailable, make_backend
 from tilevox.executor.dispatch import BucketDispatch
 from tilevox.executor.graphs import GRAPH_BACKENDS, GraphOptions, install_graph_regions
 from tilevox.models.region_backends import call_batch, executor_region_names, region_module, set_region_backend
 
-__all__ = ["BuildResult", "apply_plan", "build_plan", "whole_region_compositions"]
+__all__ = ["BuildResult", "apply_plan", "build_plan", "install_composition", "whole_region_compositions"]
 
 log = logging.getLogger("tilevox.build")
 
@@ -72,8 +72,24 @@ def _install(model, backend: Backend, regions: Sequence[str], megakernel: Backen
 class BuildResult:
     plan: Plan
     measured_ms: dict[tuple[str, str, int], float]  # (region, backend, batch) -> ms per step
-    ranked: dict[int, list[dict]]  # batch -> every candidate's prediction, best first
+    ranked: dict[int, list[dict]]  # batch -> every candidate's prediction (and measurement), best first
     unavailable: dict[str, str]  # backend -> why it was not profiled
+
+
+def install_composition(model, composition: Composition, megakernel: BackendOptions, made: dict) -> None:
+    """Put each region of `model` on the backend `composition` gives it (whole regions only); `made` caches
+    backends by (region, backend) across calls, so graphs and compiled megakernels are reused."""
+    for piece in composition.pieces:
+        if piece.first_layer != 0 or not piece.head:
+            raise PlanError(f"region {piece.region} is cut: the executor runs regions whole")
+        key = (piece.region, piece.backend)
+        if key not in made:
+            if piece.backend is Backend.MEGAKERNEL:
+                made[key] = make_backend(model, piece.region, megakernel)
+            else:
+                options = GraphOptions(compile=piece.backend is Backend.COMPILED)
+                made[key] = GRAPH_BACKENDS[piece.region](region_module(model, piece.region), options)
+        set_region_backend(model, piece.region, made[key])
 
 
 def build_plan(
@@ -87,8 +103,11 @@ def build_plan(
     steps: int = 8,
     commit: str = "unknown",
     progress: Callable[[str], None] | None = None,
+    measure_top: int = 0,
 ) -> BuildResult:
-    """Profile `model` (loaded on its device) at each batch in `batches` with each backend, search, plan."""
+    """Profile `model` (loaded on its device) at each batch in `batches` with each backend, search, plan.
+    With `measure_top` > 0 the best predicted candidates of each bucket also run whole steps end to end,
+    and the bucket takes the fastest measured one (its prediction error is in the report)."""
     megakernel = megakernel or BackendOptions()
     batches = sorted(set(batches))
     if not batches or batches[0] < 1:
@@ -138,7 +157,7 @@ def build_plan(
         return measured[(piece.region, Backend.MEGAKERNEL.value, batch)] * 1e-3
 
     candidates = whole_region_compositions(layout, profiled)
-    buckets, ranked_report = [], {}
+    buckets, ranked_report, made = [], {}, {}
     for batch in batches:
         ranked = search(layout, batch, conventional=conventional, megakernel=megakernel_s, candidates=candidates)
         ranked_report[batch] = [
@@ -151,6 +170,20 @@ def build_plan(
         ]
         if not math.isfinite(ranked[0].step_s):
             raise RuntimeError(f"no candidate could be measured at batch {batch}")
+        if measure_top > 0:
+            top = [r for r in ranked[:measure_top] if math.isfinite(r.step_s)]
+            measured_steps = []
+            for row, candidate in zip(ranked_report[batch], top):
+                if progress is not None:
+                    progress(f"measuring {candidate.composition.label()} at {batch} streams")
+                install_composition(model, candidate.composition, megakernel, made)
+                step_ms = step_time_ms(model, batch, warmup=warmup, steps=steps)
+                row["measured_step_ms"] = step_ms
+                row["prediction_error"] = candidate.step_s * 1e3 / step_ms - 1.0
+                measured_steps.append(step_ms)
+            fastest = min(range(len(top)), key=measured_steps.__getitem__)
+            ranked = [top[fastest], *(r for r in ranked if r is not top[fastest])]
+            ranked_report[batch].insert(0, ranked_report[batch].pop(fastest))
         buckets.append(BucketPlan.best_of(batch, ranked))
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     provenance = this_machine(model.device, commit=commit, profile_date=now)

@@ -6,7 +6,8 @@ phase named after its region (`tilevox.talker_step`, `tilevox.code_predictor_loo
 `tilevox.decoder_step`, ...). `phases_timed(PhaseTimer(device))` swaps that name in the labelled modules
 for a timer that synchronises the device before and after each phase, so a phase's time includes its
 launches and its GPU work. `SteadyStreams` keeps B streams open, replacing finished ones outside the timed
-spans. `region_times` runs warm-up steps, then timed steps, and returns each phase's median per step.
+spans. `region_times` runs warm-up steps, then timed steps, and returns each phase's median per step;
+`step_time_ms` times whole steps (one sync each, no per-region syncs).
 `this_machine` is the provenance a plan built here records and a plan loaded here must match.
 Imports: torch, models (streaming), engine_builder.plan, trt_plugins.library (path only).
 """
@@ -27,7 +28,15 @@ import torch
 from tilevox.engine_builder.plan import Provenance
 from tilevox.models.streaming import SynthesisRequest
 
-__all__ = ["LABELLED_MODULES", "PhaseTimer", "SteadyStreams", "phases_timed", "region_times", "this_machine"]
+__all__ = [
+    "LABELLED_MODULES",
+    "PhaseTimer",
+    "SteadyStreams",
+    "phases_timed",
+    "region_times",
+    "step_time_ms",
+    "this_machine",
+]
 
 # Modules whose phases are labelled with record_function (each imports the name, so each is patched).
 LABELLED_MODULES = ("tilevox.models.qwen3_tts.model", "tilevox.models.llasa.model")
@@ -131,6 +140,28 @@ def region_times(
         streams.close()
     names = sorted({name for step in per_step for name in step})
     return {name: statistics.median(step.get(name, 0.0) for step in per_step) for name in names}
+
+
+def step_time_ms(model, batch: int, *, warmup: int = 4, steps: int = 8, max_duration_s: float = 60.0) -> float:
+    """Median milliseconds of a whole `model.step` of `batch` streams (one sync after each step)."""
+    if warmup < 0 or steps < 1:
+        raise ValueError(f"need warmup >= 0 and steps >= 1, got {warmup}, {steps}")
+    streams = SteadyStreams(model, batch, max_duration_s)
+    times = []
+    try:
+        for _ in range(warmup):
+            streams.step()
+            streams.refill()
+        synchronize(model.device)
+        for _ in range(steps):
+            start = time.perf_counter()
+            streams.step()
+            synchronize(model.device)
+            times.append((time.perf_counter() - start) * 1e3)
+            streams.refill()
+    finally:
+        streams.close()
+    return statistics.median(times)
 
 
 def _driver() -> str:

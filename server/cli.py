@@ -599,6 +599,14 @@ def _add_build(subparsers) -> None:
     p.add_argument("--megakernel-executor", default="cuda", choices=["cuda", "vm"])
     p.add_argument("--warmup", type=int, default=4, help="untimed steps per measurement")
     p.add_argument("--steps", type=int, default=8, help="timed steps per measurement")
+    p.add_argument(
+        "--measure",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run each bucket's N best predicted candidates end to end and keep the fastest measured "
+        "(report: predicted vs measured, build_report.png)",
+    )
     p.add_argument("--out", required=True, type=Path, help="directory for plan.json and build_report.json")
     p.set_defaults(handler=_run_build)
 
@@ -616,6 +624,8 @@ def _run_build(args: argparse.Namespace) -> int:
     from tilevox.engine_builder.regions import BackendOptions, Executor
     from tilevox.models.registry import load_model, parse_dtype
 
+    if args.measure < 0:
+        raise CommandError(f"--measure must be >= 0, got {args.measure}")
     try:
         batches = [int(b) for b in args.batches.split(",")]
         backends = [Backend(b.strip()) for b in args.backends.split(",")]
@@ -628,7 +638,8 @@ def _run_build(args: argparse.Namespace) -> int:
     if largest > model.max_streams:
         raise CommandError(f"batch {largest} is above the model's {model.max_streams} streams")
     args.out.mkdir(parents=True, exist_ok=True)
-    with tqdm(total=len(batches) * len(backends), desc="profiling", file=sys.stderr, leave=False) as bar:
+    steps_of_work = len(batches) * (len(backends) + args.measure)
+    with tqdm(total=steps_of_work, desc="profiling", file=sys.stderr, leave=False) as bar:
 
         def progress(what: str) -> None:
             bar.set_postfix_str(what)
@@ -644,6 +655,7 @@ def _run_build(args: argparse.Namespace) -> int:
             steps=args.steps,
             commit=_commit(),
             progress=progress,
+            measure_top=args.measure,
         )
     save_plan(result.plan, args.out / "plan.json")
     report = {
@@ -658,6 +670,10 @@ def _run_build(args: argparse.Namespace) -> int:
         "the executor runs regions whole today, so only whole-region compositions are candidates",
     }
     (args.out / "build_report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    if args.measure:
+        from tilevox.engine_builder.report import plot_predicted_vs_measured
+
+        plot_predicted_vs_measured(report["candidates"], args.out / "build_report.png")
     for bucket in result.plan.buckets:
         print(
             f"{bucket.batch:>5} streams: {bucket.composition.label()}  ({bucket.predicted_step_s * 1e3:.2f} ms per step, "

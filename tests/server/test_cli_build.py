@@ -22,7 +22,7 @@ from tilevox.server.cli import main
 def test_build_profiles_both_backends_and_writes_a_plan_synth_follows(tmp_path, capsys):
     out = tmp_path / "build"
     argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1,2"]
-    argv += ["--megakernel-executor", "vm", "--warmup", "1", "--steps", "1", "--out", str(out)]
+    argv += ["--megakernel-executor", "vm", "--warmup", "1", "--steps", "1", "--measure", "2", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "1 streams: " in printed and "2 streams: " in printed
@@ -33,6 +33,14 @@ def test_build_profiles_both_backends_and_writes_a_plan_synth_follows(tmp_path, 
     regions = {"talker_step", "code_predictor_loop"}
     assert measured == {(r, b, n) for r in regions for b in ("graph", "megakernel") for n in (1, 2)}
     assert len(report["candidates"]["1"]) == 4  # each of two regions on graph or megakernel
+    for batch in ("1", "2"):  # the two best predicted ran end to end; the plan took the faster
+        rows = report["candidates"][batch]
+        measured = [row["measured_step_ms"] for row in rows[:2]]
+        assert all(m > 0 for m in measured) and measured[0] <= measured[1]
+        assert all("measured_step_ms" not in row for row in rows[2:])
+        assert rows[0]["label"] == next(b for b in plan.buckets if b.batch == int(batch)).composition.label()
+        assert rows[0]["prediction_error"] == rows[0]["predicted_step_ms"] / measured[0] - 1.0
+    assert (out / "build_report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     wav = tmp_path / "x.wav"
     synth = ["synth", "--model", "random:qwen3-tts-tiny", "--text", "Hi", "--out", str(wav), "--max-duration", "0.3"]
     assert main([*synth, "--plan", str(out / "plan.json"), "--megakernel-executor", "vm", "--quiet"]) == 0

@@ -1,0 +1,50 @@
+"""The build report's figure: predicted against measured step time of every candidate that ran end to end,
+per batch bucket (a point on the diagonal is a perfect prediction; the chosen one is ringed).
+Imports: matplotlib (the `bench` extra), lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["plot_predicted_vs_measured"]
+
+
+def plot_predicted_vs_measured(candidates: Mapping[str, Sequence[Mapping]], path: Path) -> int:
+    """`candidates`: batch -> ranked rows (best first) as the build report writes them; rows without a
+    `measured_step_ms` are left out. Writes a PNG and returns how many points it drew (0: nothing measured,
+    no file)."""
+    points = [
+        (batch, row["predicted_step_ms"], row["measured_step_ms"], index == 0)
+        for batch, rows in candidates.items()
+        for index, row in enumerate(rows)
+        if row.get("measured_step_ms") is not None and row.get("predicted_step_ms") is not None
+    ]
+    if not points:
+        return 0
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    batches = sorted({int(b) for b, *_ in points})
+    for batch in batches:
+        mine = [(p, m, chosen) for b, p, m, chosen in points if int(b) == batch]
+        ax.scatter([p for p, _, _ in mine], [m for _, m, _ in mine], label=f"batch {batch}", s=30)
+        for p, m, chosen in mine:
+            if chosen:
+                ax.scatter([p], [m], s=140, facecolors="none", edgecolors="black")
+    top = max(max(p, m) for _, p, m, _ in points) * 1.1
+    ax.plot([0, top], [0, top], color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("predicted step (ms)")
+    ax.set_ylabel("measured step (ms)")
+    ax.set_title("tilevox build: candidates run end to end (ringed: chosen)")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return len(points)
