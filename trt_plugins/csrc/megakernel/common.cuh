@@ -1,0 +1,200 @@
+// common.cuh: Shared device helpers of the megakernel: kernel limits, buffer views (Buf, Ctx), typed loads and stores,
+// warp and block reductions, error reporting.
+// Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
+#pragma once
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxChunk = 8;                    // batch rows per matrix-vector pass
+constexpr int kXsFloats = 48 * 1024;            // 192 KiB: staged activation rows
+constexpr int kExtraFloats = 8192;              // 32 KiB: per-head scratch (64 batch rows x 128 dims)
+constexpr int kSmemBytes = (kXsFloats + kExtraFloats) * 4;
+constexpr int kMaxDims = 5;
+// Tensor-core path, inside the xs region: bf16 staging, then the warps' partial sums (fp32).
+constexpr int kTcStageBytes = 136 * 1024;
+constexpr int kTcRedFloats = (kXsFloats * 4 - kTcStageBytes) / 4;  // 64 KiB = 8 warps x 2 x 16 x 64
+constexpr int kTcMaxBatch = 64;
+// Partial sums: 8 warps x 16 rows x 64 batch rows per matrix. The one-matrix ops fit before `extra`
+// (the QKV op uses extra as its per-head scratch at the same time); gate/up (two matrices) runs into
+// extra, which that op does not use.
+static_assert(kTcRedFloats >= kWarps * 16 * kTcMaxBatch, "one-matrix partial sums overflow");
+static_assert(kTcRedFloats + kExtraFloats >= kWarps * 2 * 16 * kTcMaxBatch, "two-matrix partial sums overflow");
+constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are prefetched to L2
+
+enum DT { F32 = 0, BF16 = 1, F16 = 2, I64 = 3, I32 = 4 };
+
+struct Buf {
+  char* p;
+  int dt;
+  int ndim;
+  int64_t dims[kMaxDims];
+};
+
+struct Ctx {
+  tilevox_megakernel_params prm;
+  int queue;
+  int pos;
+  int* stop;      // shared: set when this block must stop (error here or elsewhere)
+  int64_t* prof;  // this queue's profile rows, or null
+};
+
+__device__ __forceinline__ Buf get_buf(const Ctx& c, int id) {
+  Buf b;
+  b.p = nullptr;
+  b.dt = F32;
+  b.ndim = 0;
+  for (int i = 0; i < kMaxDims; ++i) b.dims[i] = 1;
+  if (id < 0 || id >= c.prm.num_buffers) return b;
+  const int64_t* row = c.prm.buffer_table + (int64_t)id * (3 + kMaxDims);
+  b.p = static_cast<char*>(c.prm.buffer_ptrs[id]);
+  b.dt = (int)row[1];
+  b.ndim = (int)row[2];
+  for (int i = 0; i < b.ndim && i < kMaxDims; ++i) b.dims[i] = row[3 + i];
+  return b;
+}
+
+__device__ __forceinline__ float bf16_bits_to_float(unsigned short u) {
+  return __uint_as_float(static_cast<unsigned>(u) << 16);
+}
+
+// Activation / state load through L2 (coherent across SMs within the launch).
+__device__ __forceinline__ float ld_act(const Buf& b, int64_t i) {
+  switch (b.dt) {
+    case F32:
+      return __ldcg(reinterpret_cast<const float*>(b.p) + i);
+    case BF16:
+      return bf16_bits_to_float(__ldcg(reinterpret_cast<const unsigned short*>(b.p) + i));
+    case F16:
+      return __half2float(__ushort_as_half(__ldcg(reinterpret_cast<const unsigned short*>(b.p) + i)));
+    case I64:
+      return (float)__ldcg(reinterpret_cast<const long long*>(b.p) + i);
+    default:
+      return (float)__ldcg(reinterpret_cast<const int*>(b.p) + i);
+  }
+}
+
+// Weight load (read-only for the whole launch).
+__device__ __forceinline__ float ld_w(const Buf& b, int64_t i) {
+  switch (b.dt) {
+    case F32:
+      return __ldg(reinterpret_cast<const float*>(b.p) + i);
+    case BF16:
+      return bf16_bits_to_float(__ldg(reinterpret_cast<const unsigned short*>(b.p) + i));
+    case F16:
+      return __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(b.p) + i)));
+    default:
+      return 0.f;
+  }
+}
+
+__device__ __forceinline__ int64_t ld_int(const Buf& b, int64_t i) {
+  if (b.dt == I64) return __ldcg(reinterpret_cast<const long long*>(b.p) + i);
+  return __ldcg(reinterpret_cast<const int*>(b.p) + i);
+}
+
+__device__ __forceinline__ float rnd(float v, int dt) {
+  if (dt == BF16) return __bfloat162float(__float2bfloat16_rn(v));
+  if (dt == F16) return __half2float(__float2half_rn(v));
+  return v;
+}
+
+__device__ __forceinline__ void st(const Buf& b, int64_t i, float v) {
+  switch (b.dt) {
+    case F32:
+      reinterpret_cast<float*>(b.p)[i] = v;
+      break;
+    case BF16:
+      reinterpret_cast<__nv_bfloat16*>(b.p)[i] = __float2bfloat16_rn(v);
+      break;
+    case F16:
+      reinterpret_cast<__half*>(b.p)[i] = __float2half_rn(v);
+      break;
+    default:
+      break;
+  }
+}
+
+__device__ __forceinline__ void st_int(const Buf& b, int64_t i, int64_t v) {
+  if (b.dt == I64)
+    reinterpret_cast<long long*>(b.p)[i] = v;
+  else
+    reinterpret_cast<int*>(b.p)[i] = (int)v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ int ld_volatile(const int* p) { return *reinterpret_cast<const volatile int*>(p); }
+
+// First writer wins; the remaining words are written by that writer only.
+__device__ void raise_error(const Ctx& c, int code, int opcode, int counter, int value, int target) {
+  int* e = c.prm.error;
+  if (atomicCAS(e, 0, code) == 0) {
+    e[1] = c.queue;
+    e[2] = c.pos;
+    e[3] = opcode;
+    e[4] = counter;
+    e[5] = value;
+    e[6] = target;
+    __threadfence();
+  }
+}
+
+// Block-wide reductions (all threads call; result broadcast). red: kWarps floats of shared memory.
+__device__ float block_sum(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int i = 0; i < kWarps; ++i) t += red[i];
+  return t;
+}
+
+__device__ float block_max(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = -INFINITY;
+  for (int i = 0; i < kWarps; ++i) t = fmaxf(t, red[i]);
+  return t;
+}
+
+__device__ long long block_min_ll(long long v, long long* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    long long other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = other < v ? other : v;
+  }
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  long long t = red[0];
+  for (int i = 1; i < kWarps; ++i) t = red[i] < t ? red[i] : t;
+  return t;
+}

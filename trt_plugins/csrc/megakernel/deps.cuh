@@ -1,0 +1,49 @@
+// deps.cuh: Counter waits (acquire loads, __nanosleep backoff, %globaltimer watchdog) and an instruction record's fields.
+// Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
+#pragma once
+
+// Block-wide: thread 0 spin-waits until every awaited counter of `inst` reaches its target (acquire
+// loads, __nanosleep backoff, %globaltimer watchdog). False when the block must stop (a watchdog or
+// an error raised anywhere).
+__device__ bool wait_deps(const Ctx& c, const int* inst) {
+  if (threadIdx.x == 0) {
+    const tilevox_megakernel_params& prm = c.prm;
+    // Errors raised elsewhere are polled only while spinning: a satisfied wait costs one acquire load.
+    int s = 0;
+    const int nw = inst[TILEVOX_MK_FIELD_NUM_WAITS];
+    for (int i = 0; i < nw && !s; ++i) {
+      const int counter = inst[TILEVOX_MK_FIELD_WAITS + 2 * i], target = inst[TILEVOX_MK_FIELD_WAITS + 2 * i + 1];
+      if (counter < 0 || counter >= prm.num_counters) {
+        raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], counter, 0, target);
+        s = 1;
+        break;
+      }
+      const int* ctr = prm.counters + counter;
+      int value = ld_acquire(ctr);
+      if (value >= target) continue;
+      const uint64_t t0 = global_ns();
+      unsigned sleep_ns = 32;
+      while ((value = ld_acquire(ctr)) < target) {
+        if (ld_volatile(prm.error) != 0) {
+          s = 1;
+          break;
+        }
+        if ((int64_t)(global_ns() - t0) > prm.watchdog_ns) {
+          raise_error(c, TILEVOX_MK_ERROR_WATCHDOG, inst[0], counter, value, target);
+          s = 1;
+          break;
+        }
+        __nanosleep(sleep_ns);
+        sleep_ns = sleep_ns < 256 ? sleep_ns * 2 : 256;
+      }
+    }
+    *c.stop = s;
+    if (c.prof) c.prof[3 * c.pos + 1] = (int64_t)global_ns();
+  }
+  __syncthreads();
+  return *c.stop == 0;
+}
+
+__device__ __forceinline__ const int* args_of(const int* inst) { return inst + TILEVOX_MK_FIELD_ARGS; }
+__device__ __forceinline__ const int* ins_of(const int* inst) { return inst + TILEVOX_MK_FIELD_INPUTS; }
+__device__ __forceinline__ const int* outs_of(const int* inst) { return inst + TILEVOX_MK_FIELD_OUTPUTS; }

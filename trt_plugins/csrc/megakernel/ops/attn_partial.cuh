@@ -1,0 +1,307 @@
+// ops/attn_partial.cuh: ATTN_PARTIAL: attention over one key partition (online softmax).
+// Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
+#pragma once
+
+// q (fp32, shared) . cached key row at element offset `base`.
+__device__ __forceinline__ float dot_q_key(const float* q, const Buf& kc, int64_t base, int D) {
+  float dot = 0.f;
+  if (kc.dt == BF16 && (D % 8) == 0) {
+    const uint4* p = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(kc.p) + base);
+#pragma unroll 8
+    for (int i = 0; i < D / 8; ++i) {
+      const uint4 r = __ldcg(p + i);
+      const unsigned u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        dot += q[8 * i + 2 * j] * __uint_as_float(u[j] << 16) + q[8 * i + 2 * j + 1] * __uint_as_float(u[j] & 0xffff0000u);
+    }
+  } else if (kc.dt == F32 && (D % 4) == 0) {
+    const float4* p = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(kc.p) + base);
+#pragma unroll 8
+    for (int i = 0; i < D / 4; ++i) {
+      const float4 r = __ldcg(p + i);
+      dot += q[4 * i] * r.x + q[4 * i + 1] * r.y + q[4 * i + 2] * r.z + q[4 * i + 3] * r.w;
+    }
+  } else {
+    for (int d = 0; d < D; ++d) dot += q[d] * ld_act(kc, base + d);
+  }
+  return dot;
+}
+
+// One warp per (row, query head): keys of the partition 32 at a time, one key per lane for the
+// scores, then the 32 weighted value rows accumulated with lanes over head dims (online softmax).
+// ATTN_PARTIAL for bf16 caches, G <= kMaxGroup query heads per kv head, D / 8 dividing 32: one warp
+// per (row, partition) computes all G heads of the group together, so each key and value row is loaded
+// once, not G times. Per 32-key round: lane t scores key t against the G queries (staged in shared
+// memory), then lane (kk, cc) accumulates 8 value dims [8cc, 8cc + 8) over keys kk, kk + kpl, ... with
+// 16-byte loads; the lanes of one cc are summed at the end (the online-softmax rescale is linear, so it
+// commutes with that sum). Same outputs as the general path.
+constexpr int kMaxGroup = 8;
+constexpr int kGroupedQFloats = 1024;  // per warp: G x D staged queries (8 warps x 1024 = kExtraFloats)
+
+__device__ __forceinline__ bool attn_grouped_eligible(const Buf& kc, const Buf& vc, int G, int D) {
+  return kc.dt == BF16 && vc.dt == BF16 && D % 8 == 0 && 32 % (D / 8) == 0 && G <= kMaxGroup &&
+         G * D <= kGroupedQFloats;
+}
+
+__device__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_smem) {
+  const int* in = ins_of(inst);
+  const Buf qb = get_buf(c, in[0]), kc = get_buf(c, in[1]), vc = get_buf(c, in[2]), positions = get_buf(c, in[3]),
+            slots = get_buf(c, in[4]);
+  const Buf po = get_buf(c, outs_of(inst)[0]), pl = get_buf(c, outs_of(inst)[1]);
+  const int group = args_of(inst)[0];
+  const int layer = inst[TILEVOX_MK_FIELD_LAYER], step = inst[TILEVOX_MK_FIELD_STEP];
+  const int D = c.prm.head_dim, KVH = c.prm.num_kv_heads, G = c.prm.num_heads / KVH, H = c.prm.num_heads;
+  const int P = c.prm.num_partitions, PT = c.prm.partition_tokens, B = c.prm.batch_size;
+  const int64_t c_slots = kc.dims[1], c_heads = kc.dims[2], c_len = kc.dims[3];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float scale = c.prm.attn_scale;
+  const int cpr = D / 8, kpl = 32 / cpr, kk0 = lane / cpr, cc = lane % cpr;
+  float* q = q_smem + warp * kGroupedQFloats;  // (G, D)
+  const int t_start = inst[TILEVOX_MK_FIELD_TILE_START], t_stop = inst[TILEVOX_MK_FIELD_TILE_STOP];
+  const int items = B * (t_stop - t_start);
+  for (int item = warp; item < items; item += kWarps) {
+    const int b = item / (t_stop - t_start), part = t_start + item % (t_stop - t_start);
+    const int64_t first = (int64_t)part * PT;
+    const int64_t length = ld_int(positions, b) + step + 1;
+    const int64_t limit = min((int64_t)P * PT, c_len);
+    const int64_t base_bp = ((int64_t)b * KVH + group) * P + part;  // (b, group, part): * G + head
+    if (length > limit) {
+      if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)length, (int)limit);
+      continue;
+    }
+    const int64_t last = min(first + PT, length);
+    if (last <= first) {
+      for (int idx = lane; idx < G * D; idx += 32) st(po, base_bp * G * D + idx, 0.f);
+      if (lane < G) st(pl, base_bp * G + lane, -INFINITY);
+      continue;
+    }
+    const int64_t slot = ld_int(slots, b);
+    if (slot < 0 || slot >= c_slots || group >= c_heads) {
+      if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)slot, (int)c_slots);
+      continue;
+    }
+    __syncwarp();
+    for (int idx = lane; idx < G * D; idx += 32) q[idx] = ld_act(qb, ((int64_t)b * H + group * G) * D + idx);
+    __syncwarp();
+    const int64_t cache_base = (((int64_t)layer * c_slots + slot) * c_heads + group) * c_len * D;
+    const uint4* keys = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(kc.p) + cache_base);
+    const unsigned short* vals = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + cc * 8;
+    float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][8];
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      m[h] = -INFINITY;
+      l[h] = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[h][j] = 0.f;
+    }
+    for (int64_t t0 = first; t0 < last; t0 += 32) {
+      const int64_t t = t0 + lane;
+      const bool valid = t < last;
+      float sc[kMaxGroup];
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h) sc[h] = 0.f;
+      if (valid) {
+        const uint4* kr = keys + t * cpr;
+#pragma unroll 4
+        for (int i = 0; i < cpr; ++i) {
+          const uint4 r = __ldcg(kr + i);
+          const unsigned u[4] = {r.x, r.y, r.z, r.w};
+          float kv[8];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            kv[2 * j] = __uint_as_float(u[j] << 16);
+            kv[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+          }
+#pragma unroll
+          for (int h = 0; h < kMaxGroup; ++h) {
+            if (h < G) {
+              const float* qh = q + h * D + 8 * i;
+#pragma unroll
+              for (int j = 0; j < 8; ++j) sc[h] += qh[j] * kv[j];
+            }
+          }
+        }
+      }
+      float e[kMaxGroup];
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h) {
+        if (h < G) {
+          const float s = valid ? sc[h] * scale : -INFINITY;
+          const float m_new = fmaxf(m[h], warp_max(s));  // finite: key t0 is valid
+          const float corr = expf(m[h] - m_new);
+          e[h] = valid ? expf(s - m_new) : 0.f;
+          l[h] = l[h] * corr + warp_sum(e[h]);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[h][j] *= corr;
+          m[h] = m_new;
+        } else {
+          e[h] = 0.f;
+        }
+      }
+      const int nk = (int)min((int64_t)32, last - t0);
+      const unsigned short* vr = vals + t0 * D;
+#pragma unroll 4
+      for (int pass = 0; pass < cpr; ++pass) {
+        const int kk = kk0 + pass * kpl;
+        uint4 r = make_uint4(0u, 0u, 0u, 0u);
+        if (kk < nk) r = __ldcg(reinterpret_cast<const uint4*>(vr + (int64_t)kk * D));
+        const unsigned u[4] = {r.x, r.y, r.z, r.w};
+        float vv[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          vv[2 * j] = __uint_as_float(u[j] << 16);
+          vv[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+        }
+#pragma unroll
+        for (int h = 0; h < kMaxGroup; ++h) {
+          if (h < G) {
+            const float ek = __shfl_sync(0xffffffffu, e[h], kk);  // e = 0 past nk
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[h][j] += ek * vv[j];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      if (h < G) {
+        for (int off = cpr; off < 32; off <<= 1)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], off);
+        if (kk0 == 0)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) st(po, (base_bp * G + h) * D + cc * 8 + j, acc[h][j] / l[h]);
+        if (lane == 0) st(pl, base_bp * G + h, m[h] + logf(l[h]));
+      }
+    }
+  }
+}
+
+__device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem) {
+  const int* in = ins_of(inst);
+  const Buf qb = get_buf(c, in[0]), kc = get_buf(c, in[1]), vc = get_buf(c, in[2]), positions = get_buf(c, in[3]),
+            slots = get_buf(c, in[4]);
+  const Buf po = get_buf(c, outs_of(inst)[0]), pl = get_buf(c, outs_of(inst)[1]);
+  const int group = args_of(inst)[0];
+  const int layer = inst[TILEVOX_MK_FIELD_LAYER], step = inst[TILEVOX_MK_FIELD_STEP];
+  const int D = c.prm.head_dim, KVH = c.prm.num_kv_heads, G = c.prm.num_heads / KVH, H = c.prm.num_heads;
+  const int P = c.prm.num_partitions, PT = c.prm.partition_tokens, B = c.prm.batch_size;
+  const int64_t c_slots = kc.dims[1], c_heads = kc.dims[2], c_len = kc.dims[3];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float scale = c.prm.attn_scale;
+  float* q = q_smem + warp * TILEVOX_MK_MAX_HEAD_DIM;
+  constexpr int kPer = TILEVOX_MK_MAX_HEAD_DIM / 32;
+  // bf16 values with D / 8 dividing 32: lane (kk, cc) accumulates 8 dims [8cc, 8cc + 8) over keys
+  // kk, kk + kpl, ... of each 32-key round with 16-byte loads, all in flight at once; the lanes of one
+  // cc are summed at the end (the online-softmax rescale is linear, so it commutes with that sum).
+  const bool vec_v = vc.dt == BF16 && D % 8 == 0 && 32 % (D / 8) == 0;
+  const int cpr = vec_v ? D / 8 : 1, kpl = 32 / cpr, kk0 = lane / cpr, cc = lane % cpr;
+  if (!wait_deps(c, inst)) return false;
+  if (attn_grouped_eligible(kc, vc, G, D)) {
+    attn_partial_grouped(c, inst, q_smem);
+    return true;
+  }
+  for (int part = inst[TILEVOX_MK_FIELD_TILE_START]; part < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++part) {
+    const int64_t first = (int64_t)part * PT;
+    for (int pair = warp; pair < B * G; pair += kWarps) {
+      const int b = pair / G, i = pair % G;
+      const int64_t length = ld_int(positions, b) + step + 1;
+      const int64_t limit = min((int64_t)P * PT, c_len);
+      const int64_t out_base = ((((int64_t)b * KVH + group) * P + part) * G + i) * D;
+      const int64_t lse_idx = (((int64_t)b * KVH + group) * P + part) * G + i;
+      if (length > limit) {
+        if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)length, (int)limit);
+        continue;
+      }
+      const int64_t last = min(first + PT, length);
+      if (last <= first) {
+        for (int d = lane; d < D; d += 32) st(po, out_base + d, 0.f);
+        if (lane == 0) st(pl, lse_idx, -INFINITY);
+        continue;
+      }
+      const int64_t slot = ld_int(slots, b);
+      if (slot < 0 || slot >= c_slots || group >= c_heads) {
+        if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)slot, (int)c_slots);
+        continue;
+      }
+      const int head = group * G + i;
+      __syncwarp();
+      for (int d = lane; d < D; d += 32) q[d] = ld_act(qb, ((int64_t)b * H + head) * D + d);
+      __syncwarp();
+      float acc[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) acc[j] = 0.f;  // kPer >= 8: acc[0..8) are the vec_v lane's dims
+      const int64_t cache_base = (((int64_t)layer * c_slots + slot) * c_heads + group) * c_len * D;
+      float m = -INFINITY, l = 0.f;
+      for (int64_t t0 = first; t0 < last; t0 += 32) {
+        const int64_t t = t0 + lane;
+        const bool valid = t < last;
+        const float s = valid ? dot_q_key(q, kc, cache_base + t * D, D) * scale : -INFINITY;
+        const float m_new = fmaxf(m, warp_max(s));  // finite: key t0 is valid
+        const float corr = expf(m - m_new);
+        const float e = valid ? expf(s - m_new) : 0.f;
+        l = l * corr + warp_sum(e);
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) acc[j] *= corr;
+        const int nk = (int)min((int64_t)32, last - t0);
+        if (vec_v) {
+          const unsigned short* vr = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + t0 * D + cc * 8;
+#pragma unroll 8
+          for (int pass = 0; pass < cpr; ++pass) {
+            const int kk = kk0 + pass * kpl;
+            const float ek = __shfl_sync(0xffffffffu, e, kk);
+            if (kk < nk) {
+              const uint4 r = __ldcg(reinterpret_cast<const uint4*>(vr + (int64_t)kk * D));
+              const unsigned u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                acc[2 * j] += ek * __uint_as_float(u[j] << 16);
+                acc[2 * j + 1] += ek * __uint_as_float(u[j] & 0xffff0000u);
+              }
+            }
+          }
+        } else if (vc.dt == BF16) {
+          const unsigned short* vr = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + t0 * D;
+#pragma unroll 4
+          for (int kk = 0; kk < nk; ++kk) {
+            const float ek = __shfl_sync(0xffffffffu, e, kk);
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) {
+              const int d = lane + 32 * j;
+              if (d < D) acc[j] += ek * bf16_bits_to_float(__ldcg(vr + (int64_t)kk * D + d));
+            }
+          }
+        } else {
+#pragma unroll 4
+          for (int kk = 0; kk < nk; ++kk) {
+            const float ek = __shfl_sync(0xffffffffu, e, kk);
+            const int64_t vb = cache_base + (t0 + kk) * D;
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) {
+              const int d = lane + 32 * j;
+              if (d < D) acc[j] += ek * ld_act(vc, vb + d);
+            }
+          }
+        }
+        m = m_new;
+      }
+      if (vec_v) {
+        for (int off = cpr; off < 32; off <<= 1)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], off);
+        if (kk0 == 0)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) st(po, out_base + cc * 8 + j, acc[j] / l);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          const int d = lane + 32 * j;
+          if (d < D) st(po, out_base + d, acc[j] / l);
+        }
+      }
+      if (lane == 0) st(pl, lse_idx, m + logf(l));
+    }
+  }
+  return true;
+}

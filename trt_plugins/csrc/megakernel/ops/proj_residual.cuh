@@ -1,0 +1,25 @@
+// ops/proj_residual.cuh: OPROJ_RESIDUAL and DOWN_RESIDUAL: a projection added to the residual stream.
+// Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
+#pragma once
+
+// OPROJ_RESIDUAL and DOWN_RESIDUAL: x_out[b, r] = x_in[b, r] + (a[b] . w[r]) rounded.
+__device__ bool op_proj_residual(const Ctx& c, const int* inst, float* xs) {
+  const Buf a = get_buf(c, ins_of(inst)[0]), w = get_buf(c, ins_of(inst)[1]), x_in = get_buf(c, ins_of(inst)[2]);
+  const Buf x_out = get_buf(c, outs_of(inst)[0]);
+  const int B = (int)a.dims[0], K = (int)a.dims[1], N = (int)x_out.dims[1];
+  const bool tc = tc_eligible(a, w, nullptr, K) && chunk_limit(true, K, kTcMaxBatch) > 0;
+  return for_each_row_chunk(c, inst, B, K, chunk_limit(tc, K, kTcMaxBatch), [&](int b0, int nc) {
+    const Staged sa = staged_layout(tc, xs, nc, K);
+    return staged_rows<false>(
+        sa, w, nullptr, inst[TILEVOX_MK_FIELD_TILE_START], inst[TILEVOX_MK_FIELD_TILE_STOP],
+        [&] {
+          if (b0 == 0 && !wait_deps(c, inst)) return false;
+          stage_into(sa, a, b0, nullptr, 0.f);
+          return true;
+        },
+        [&](int ci, int r, float v, float) {
+          const int64_t o = (int64_t)(b0 + ci) * N + r;
+          st(x_out, o, rnd(ld_act(x_in, o) + rnd(v, x_out.dt), x_out.dt));
+        });
+  });
+}
