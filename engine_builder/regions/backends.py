@@ -42,7 +42,7 @@ from tilevox.models.region_backends import (
     set_region_backend,
 )
 from tilevox.models.sampling import SamplingParams
-from tilevox.trt_plugins.megakernel.instructions import BufferKind
+from tilevox.trt_plugins.megakernel.instructions import MAX_HEAD_DIM, MAX_ROW_WIDTH, BufferKind
 from tilevox.trt_plugins.megakernel.vm import TORCH_DTYPES, run_program
 
 __all__ = [
@@ -64,11 +64,9 @@ __all__ = [
 LOGGER_NAME = "tilevox.megakernel"
 log = logging.getLogger(LOGGER_NAME)
 
-# The kernel's limits (trt_plugins/csrc/megakernel): TILEVOX_MK_MAX_HEAD_DIM, and kXsFloats, the shared
-# staging buffer one matrix-vector input row must fit in. Checked for both executors, so that the VM
-# proves exactly what the GPU would run.
-MAX_HEAD_DIM = 256
-MAX_ROW_WIDTH = 48 * 1024
+# The kernel's limits (from the instruction registry, as instructions.h has them): the largest head_dim,
+# and the shared staging buffer one matrix-vector input row must fit in. Checked for both executors, so
+# that the VM proves exactly what the GPU would run.
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 

@@ -1,7 +1,7 @@
 """Generate trt_plugins/csrc/megakernel/instructions.h from the registry in instructions.py.
 
-The CUDA interpreter includes the generated header, so opcodes, record offsets, buffer kinds and
-dtypes are typed once (in Python). Run `python -m tilevox.trt_plugins.megakernel.header` after changing the
+The CUDA interpreter includes the generated header, so opcodes, record offsets, buffer kinds, dtypes,
+kernel limits, error and status codes, flags and the launch parameter struct are typed once (in Python). Run `python -m tilevox.trt_plugins.megakernel.header` after changing the
 registry; tests/trt_plugins/megakernel/test_megakernel_header.py fails while the file is stale.
 Imports: stdlib and trt_plugins.megakernel.instructions.
 """
@@ -13,15 +13,24 @@ from dataclasses import fields
 from pathlib import Path
 
 from tilevox.trt_plugins.megakernel.instructions import (
+    ERROR_WORDS,
+    FLAG_SYNC_CHECK,
     INSTRUCTION_WORDS,
+    LAUNCH_PARAMS,
     MAX_ARGS,
+    MAX_HEAD_DIM,
     MAX_INPUTS,
     MAX_OUTPUTS,
+    MAX_ROW_WIDTH,
     MAX_WAITS,
     NO_ID,
+    PREFETCH_RANGES,
+    PROFILE_WORDS,
     RECORD_FIELDS,
     BufferKind,
     DType,
+    ErrorCode,
+    LaunchStatus,
     Opcode,
     RegionConstants,
 )
@@ -102,6 +111,37 @@ def generate_header() -> str:
         lines.append(f"  {c_type} {f.name};")
     lines += [
         "} TilevoxMkRegionConstants;",
+        "",
+        "/* Kernel limits. */",
+        f"#define TILEVOX_MK_MAX_HEAD_DIM {MAX_HEAD_DIM} /* largest head_dim of the attention and QKV instructions */",
+        f"#define TILEVOX_MK_MAX_ROW_WIDTH {MAX_ROW_WIDTH} /* fp32 elements of one staged matrix-vector input row */",
+        "",
+        "/* Launch status codes beyond tilevox_kernels.h's. */",
+    ]
+    for status in LaunchStatus:
+        lines.append(f"#define TILEVOX_ERR_{status.name} {status.value}")
+    lines += [
+        "",
+        "/* Error words (int32, TILEVOX_MK_ERROR_WORDS of them, zeroed by every launch): [0] code, [1] queue (block),",
+        " * [2] position in the queue, [3] opcode, [4] counter, [5] counter value, [6] target. */",
+        f"#define TILEVOX_MK_ERROR_WORDS {ERROR_WORDS}",
+    ]
+    for code in ErrorCode:
+        lines.append(f"#define TILEVOX_MK_ERROR_{code.name} {code.value} /* {code.description} */")
+    lines += [
+        "",
+        f"#define TILEVOX_MK_FLAG_SYNC_CHECK {FLAG_SYNC_CHECK} /* synchronize the stream, turn the error words into a status */",
+        "",
+        f"#define TILEVOX_MK_PREFETCH_WORDS {2 * PREFETCH_RANGES} /* int64 per instruction: [address, bytes] x {PREFETCH_RANGES} */",
+        f"#define TILEVOX_MK_PROFILE_WORDS {PROFILE_WORDS} /* int64 ns per instruction: record read, waits met, finished */",
+        "",
+        "/* The launch parameters (all pointers are device pointers on the current device). */",
+        "typedef struct tilevox_megakernel_params {",
+    ]
+    for name, c_type, comment in LAUNCH_PARAMS:
+        lines.append(f"  {c_type} {name};" + (f" /* {comment} */" if comment else ""))
+    lines += [
+        "} tilevox_megakernel_params;",
         "",
         "#endif /* TILEVOX_MEGAKERNEL_INSTRUCTIONS_H_ */",
         "",

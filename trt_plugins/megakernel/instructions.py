@@ -10,11 +10,18 @@ Imports: stdlib only (no torch, no models).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
+    "ERROR_WORDS",
+    "FLAG_SYNC_CHECK",
     "INSTRUCTION_WORDS",
+    "LAUNCH_PARAMS",
+    "MAX_HEAD_DIM",
+    "MAX_ROW_WIDTH",
+    "PREFETCH_RANGES",
+    "PROFILE_WORDS",
     "MAX_ARGS",
     "MAX_INPUTS",
     "MAX_OUTPUTS",
@@ -24,7 +31,9 @@ __all__ = [
     "BufferKind",
     "BufferSpec",
     "DType",
+    "ErrorCode",
     "Instruction",
+    "LaunchStatus",
     "Opcode",
     "OpcodeInfo",
     "Program",
@@ -508,3 +517,71 @@ class Program:
             num_counters=self.num_counters,
             metadata=dict(self.metadata),
         )
+
+
+# ---- The kernel's interface beyond the records: limits, error words, statuses, flags, launch parameters.
+# header.py writes all of these into instructions.h; runtime.py builds its ctypes structure from
+# LAUNCH_PARAMS; the region backends check MAX_HEAD_DIM and MAX_ROW_WIDTH. Typed here only.
+
+MAX_HEAD_DIM = 256  # largest head_dim the attention and QKV instructions handle
+MAX_ROW_WIDTH = 48 * 1024  # fp32 elements of the shared staging buffer one matrix-vector input row must fit
+ERROR_WORDS = 8  # int32 error words per launch: [code, queue, position, opcode, counter, value, target, -]
+FLAG_SYNC_CHECK = 1  # launch flag: synchronize the stream and turn the error words into a status
+PREFETCH_RANGES = 2  # weight ranges [address, bytes] per instruction in the optional prefetch table
+PROFILE_WORDS = 3  # int64 timestamps per instruction in the optional profile: record read, waits met, finished
+
+
+class ErrorCode(enum.IntEnum):
+    """Word 0 of the error words: what stopped the kernel."""
+
+    NONE = 0
+    WATCHDOG = 1  # a counter wait exceeded watchdog_ns (a deadlock)
+    BAD_OPCODE = 2  # an unknown opcode
+    OUT_OF_RANGE = 3  # an out-of-range index (token, slot, position)
+    UNSUPPORTED = 4  # a shape the kernel does not handle
+
+    @property
+    def description(self) -> str:
+        return {
+            ErrorCode.NONE: "none",
+            ErrorCode.WATCHDOG: "watchdog",
+            ErrorCode.BAD_OPCODE: "unknown opcode",
+            ErrorCode.OUT_OF_RANGE: "index out of range",
+            ErrorCode.UNSUPPORTED: "unsupported shape",
+        }[self]
+
+
+class LaunchStatus(enum.IntEnum):
+    """Status codes of tilevox_megakernel_launch beyond the kernel library's (tilevox_kernels.h)."""
+
+    MK_WATCHDOG = 16  # a counter wait exceeded watchdog_ns (a deadlock)
+    MK_FAULT = 17  # an instruction found an out-of-range index or shape
+
+
+# tilevox_megakernel_params, field for field: (name, C type, comment). Every RegionConstants field is one of
+# them (checked below), so one struct carries the whole launch.
+LAUNCH_PARAMS: tuple[tuple[str, str, str], ...] = (
+    ("instructions", "const int32_t*", "(num_queues, max_queue_len, TILEVOX_MK_INSTRUCTION_WORDS) int32"),
+    ("queue_lengths", "const int32_t*", "(num_queues,) int32"),
+    ("buffer_table", "const int64_t*", "(num_buffers, 8) int64 rows [kind, dtype, ndim, dims[0..4]] (packing.py)"),
+    ("buffer_ptrs", "void* const*", "(num_buffers,) device pointers, each a contiguous tensor of its row's shape"),
+    ("counters", "int32_t*", "(num_counters,) int32, zeroed by the launch"),
+    ("error", "int32_t*", "(TILEVOX_MK_ERROR_WORDS,) int32, zeroed by the launch"),
+    ("profile", "int64_t*", "optional (num_queues, max_queue_len, 3) int64: read / waited / finished ns"),
+    ("prefetch", "const int64_t*", "optional (num_queues, max_queue_len, 4) int64: two [address, bytes] ranges"),
+    ("num_queues", "int32_t", ""),
+    ("max_queue_len", "int32_t", ""),
+    ("num_buffers", "int32_t", ""),
+    ("num_counters", "int32_t", ""),
+    ("batch_size", "int32_t", "RegionConstants"),
+    ("num_heads", "int32_t", "RegionConstants"),
+    ("num_kv_heads", "int32_t", "RegionConstants"),
+    ("head_dim", "int32_t", "RegionConstants"),
+    ("partition_tokens", "int32_t", "RegionConstants"),
+    ("num_partitions", "int32_t", "RegionConstants"),
+    ("rms_norm_eps", "float", "RegionConstants"),
+    ("attn_scale", "float", "RegionConstants"),
+    ("watchdog_ns", "int64_t", "per wait; must be > 0"),
+    ("flags", "int32_t", "TILEVOX_MK_FLAG_*"),
+)
+assert {f.name for f in fields(RegionConstants)} <= {name for name, _, _ in LAUNCH_PARAMS}

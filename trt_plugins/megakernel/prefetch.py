@@ -13,11 +13,11 @@ from collections.abc import Mapping
 
 import torch
 
-from tilevox.trt_plugins.megakernel.instructions import NO_ID, Instruction, Opcode, Program
+from tilevox.trt_plugins.megakernel.instructions import NO_ID, PREFETCH_RANGES, Instruction, Opcode, Program
 
 __all__ = ["RANGES_PER_INSTRUCTION", "prefetch_table", "weight_row_ranges"]
 
-RANGES_PER_INSTRUCTION = 2  # [address, bytes] pairs per instruction in the table (megakernel.h)
+RANGES_PER_INSTRUCTION = PREFETCH_RANGES  # [address, bytes] pairs per instruction (TILEVOX_MK_PREFETCH_WORDS / 2)
 
 
 def weight_row_ranges(inst: Instruction, constants) -> list[tuple[int, int, int]]:

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 import torch
 
 from tilevox.trt_plugins.library import KernelLibraryError, check_status, kernels_library
-from tilevox.trt_plugins.megakernel.instructions import BufferKind, Program
+from tilevox.trt_plugins.megakernel.instructions import (
+    ERROR_WORDS,
+    FLAG_SYNC_CHECK,
+    LAUNCH_PARAMS,
+    PROFILE_WORDS,
+    BufferKind,
+    ErrorCode,
+    LaunchStatus,
+    Program,
+)
 from tilevox.trt_plugins.megakernel.packing import pack_program
 from tilevox.trt_plugins.megakernel.prefetch import prefetch_table
 from tilevox.trt_plugins.megakernel.vm import TORCH_DTYPES
@@ -31,11 +40,15 @@ __all__ = [
     "run_program_cuda",
 ]
 
-ERROR_WORDS = 8  # TILEVOX_MK_ERROR_WORDS
-_FLAG_SYNC_CHECK = 1
-_STATUS_WATCHDOG = 16  # TILEVOX_ERR_MK_WATCHDOG
-_STATUS_FAULT = 17  # TILEVOX_ERR_MK_FAULT
-_ERROR_NAMES = {1: "watchdog", 2: "unknown opcode", 3: "index out of range", 4: "unsupported shape"}
+_FLAG_SYNC_CHECK = FLAG_SYNC_CHECK
+_STATUS_WATCHDOG = int(LaunchStatus.MK_WATCHDOG)
+_STATUS_FAULT = int(LaunchStatus.MK_FAULT)
+_ERROR_NAMES = {int(code): code.description for code in ErrorCode if code is not ErrorCode.NONE}
+_CTYPES = {
+    "int32_t": ctypes.c_int32,
+    "int64_t": ctypes.c_int64,
+    "float": ctypes.c_float,
+}
 
 
 class MegakernelWatchdogError(KernelLibraryError):
@@ -49,29 +62,9 @@ class MegakernelFaultError(KernelLibraryError):
 class MegakernelParams(ctypes.Structure):
     """tilevox_megakernel_params (trt_plugins/csrc/megakernel/megakernel.h), field for field."""
 
+    # from the registry (instructions.LAUNCH_PARAMS), as instructions.h is: pointers are c_void_p
     _fields_ = [
-        ("instructions", ctypes.c_void_p),
-        ("queue_lengths", ctypes.c_void_p),
-        ("buffer_table", ctypes.c_void_p),
-        ("buffer_ptrs", ctypes.c_void_p),
-        ("counters", ctypes.c_void_p),
-        ("error", ctypes.c_void_p),
-        ("profile", ctypes.c_void_p),
-        ("prefetch", ctypes.c_void_p),
-        ("num_queues", ctypes.c_int32),
-        ("max_queue_len", ctypes.c_int32),
-        ("num_buffers", ctypes.c_int32),
-        ("num_counters", ctypes.c_int32),
-        ("batch_size", ctypes.c_int32),
-        ("num_heads", ctypes.c_int32),
-        ("num_kv_heads", ctypes.c_int32),
-        ("head_dim", ctypes.c_int32),
-        ("partition_tokens", ctypes.c_int32),
-        ("num_partitions", ctypes.c_int32),
-        ("rms_norm_eps", ctypes.c_float),
-        ("attn_scale", ctypes.c_float),
-        ("watchdog_ns", ctypes.c_int64),
-        ("flags", ctypes.c_int32),
+        (name, ctypes.c_void_p if c_type.endswith("*") else _CTYPES[c_type]) for name, c_type, _ in LAUNCH_PARAMS
     ]
 
 
@@ -188,7 +181,7 @@ class BoundLaunch:
         self.prefetch_table = prefetch_table(p.program, self.tensors, max_len).to(dev) if self.prefetch else None
         # (queues, positions, 3) globaltimer ns: record read, waits satisfied, finished.
         self.timestamps = (
-            torch.zeros((len(p.program.queues), max(1, max_len), 3), dtype=torch.int64, device=dev)
+            torch.zeros((len(p.program.queues), max(1, max_len), PROFILE_WORDS), dtype=torch.int64, device=dev)
             if self.profile
             else None
         )

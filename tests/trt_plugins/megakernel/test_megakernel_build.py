@@ -16,7 +16,7 @@ import pytest
 from tilevox.trt_plugins import build as tb
 from tilevox.trt_plugins.megakernel import runtime
 
-HEADER = Path(tb.CSRC_DIR) / "megakernel" / "megakernel.h"
+HEADER = Path(tb.CSRC_DIR) / "megakernel" / "instructions.h"  # the generated header holds the launch struct
 
 
 def _toolchain_reason() -> str | None:

@@ -58,3 +58,50 @@ def test_c_compiler_sees_the_registry(tmp_path):
         4 * len(fields(RegionConstants)),
     ]  # every field is 4 bytes
     assert printed == expected
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on PATH to check the header")
+def test_c_compiler_sees_the_launch_interface(tmp_path):
+    """Limits, statuses, error codes, flags and the launch struct come from the registry: a C compiler reads
+    the same values, and the struct's size and field offsets equal the ctypes structure runtime.py passes."""
+    import ctypes
+
+    from tilevox.trt_plugins.megakernel.instructions import (
+        ERROR_WORDS,
+        FLAG_SYNC_CHECK,
+        LAUNCH_PARAMS,
+        MAX_HEAD_DIM,
+        MAX_ROW_WIDTH,
+        PREFETCH_RANGES,
+        PROFILE_WORDS,
+        ErrorCode,
+        LaunchStatus,
+    )
+    from tilevox.trt_plugins.megakernel.runtime import MegakernelParams
+
+    checks = [
+        "TILEVOX_MK_MAX_HEAD_DIM",
+        "TILEVOX_MK_MAX_ROW_WIDTH",
+        "TILEVOX_MK_ERROR_WORDS",
+        "TILEVOX_MK_FLAG_SYNC_CHECK",
+        "TILEVOX_MK_PREFETCH_WORDS",
+        "TILEVOX_MK_PROFILE_WORDS",
+    ]
+    checks += [f"TILEVOX_ERR_{s.name}" for s in LaunchStatus] + [f"TILEVOX_MK_ERROR_{c.name}" for c in ErrorCode]
+    checks += ["sizeof(tilevox_megakernel_params)"]
+    checks += [f"offsetof(tilevox_megakernel_params, {name})" for name, _, _ in LAUNCH_PARAMS]
+    body = "\n".join(f'  printf("%d\\n", (int)({c}));' for c in checks)
+    source = tmp_path / "check.c"
+    source.write_text(
+        f'#include <stddef.h>\n#include <stdio.h>\n#include "{HEADER_PATH}"\nint main(void) {{\n{body}\n  return 0;\n}}\n'
+    )
+    exe = tmp_path / "check"
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", str(source), "-o", str(exe)], check=True)
+    printed = [
+        int(line) for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    ]
+    expected = [MAX_HEAD_DIM, MAX_ROW_WIDTH, ERROR_WORDS, FLAG_SYNC_CHECK, 2 * PREFETCH_RANGES, PROFILE_WORDS]
+    expected += [int(s) for s in LaunchStatus] + [int(c) for c in ErrorCode]
+    expected += [ctypes.sizeof(MegakernelParams)]
+    expected += [getattr(MegakernelParams, name).offset for name, _, _ in LAUNCH_PARAMS]
+    assert printed == expected

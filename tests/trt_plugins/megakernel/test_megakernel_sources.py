@@ -29,3 +29,12 @@ def test_one_file_per_instruction_included_and_dispatched():
         assert f"case TILEVOX_MK_OP_{op.name}:" in kernel, f"{op.name} is not dispatched"
         assert hasattr(vm._Machine, f"_{op.name.lower()}"), f"the VM has no method for {op.name}"
     assert len(kernel.splitlines()) < 300  # the loop and the launcher only
+
+
+def test_instruction_bodies_use_the_generated_slot_names():
+    """Record slots are read through instructions.h's named indices (TILEVOX_MK_<OP>_IN_<NAME>, ...), never by
+    a bare number, so a registry change cannot silently shift what an opcode reads."""
+    numbered = re.compile(r"(ins_of\(inst\)|outs_of\(inst\)|args_of\(inst\)|\bin|\bout)\[\d+\]")
+    for path in sorted((SOURCES / "ops").glob("*.cuh")):
+        found = numbered.findall(path.read_text())
+        assert not found, f"{path.name} indexes record slots by number: {found}"

@@ -6,7 +6,7 @@
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChunk = 8;                    // batch rows per matrix-vector pass
-constexpr int kXsFloats = 48 * 1024;            // 192 KiB: staged activation rows
+constexpr int kXsFloats = TILEVOX_MK_MAX_ROW_WIDTH;  // 192 KiB: staged activation rows
 constexpr int kExtraFloats = 8192;              // 32 KiB: per-head scratch (64 batch rows x 128 dims)
 constexpr int kSmemBytes = (kXsFloats + kExtraFloats) * 4;
 constexpr int kMaxDims = 5;
@@ -21,7 +21,13 @@ static_assert(kTcRedFloats >= kWarps * 16 * kTcMaxBatch, "one-matrix partial sum
 static_assert(kTcRedFloats + kExtraFloats >= kWarps * 2 * 16 * kTcMaxBatch, "two-matrix partial sums overflow");
 constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are prefetched to L2
 
-enum DT { F32 = 0, BF16 = 1, F16 = 2, I64 = 3, I32 = 4 };
+enum DT {
+  F32 = TILEVOX_MK_DTYPE_FLOAT32,
+  BF16 = TILEVOX_MK_DTYPE_BFLOAT16,
+  F16 = TILEVOX_MK_DTYPE_FLOAT16,
+  I64 = TILEVOX_MK_DTYPE_INT64,
+  I32 = TILEVOX_MK_DTYPE_INT32
+};
 
 struct Buf {
   char* p;

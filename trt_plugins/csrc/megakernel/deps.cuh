@@ -38,7 +38,7 @@ __device__ bool wait_deps(const Ctx& c, const int* inst) {
       }
     }
     *c.stop = s;
-    if (c.prof) c.prof[3 * c.pos + 1] = (int64_t)global_ns();
+    if (c.prof) c.prof[TILEVOX_MK_PROFILE_WORDS * c.pos + 1] = (int64_t)global_ns();
   }
   __syncthreads();
   return *c.stop == 0;

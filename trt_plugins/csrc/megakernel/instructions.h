@@ -192,4 +192,52 @@ typedef struct TilevoxMkRegionConstants {
   int32_t num_partitions;
 } TilevoxMkRegionConstants;
 
+/* Kernel limits. */
+#define TILEVOX_MK_MAX_HEAD_DIM 256 /* largest head_dim of the attention and QKV instructions */
+#define TILEVOX_MK_MAX_ROW_WIDTH 49152 /* fp32 elements of one staged matrix-vector input row */
+
+/* Launch status codes beyond tilevox_kernels.h's. */
+#define TILEVOX_ERR_MK_WATCHDOG 16
+#define TILEVOX_ERR_MK_FAULT 17
+
+/* Error words (int32, TILEVOX_MK_ERROR_WORDS of them, zeroed by every launch): [0] code, [1] queue (block),
+ * [2] position in the queue, [3] opcode, [4] counter, [5] counter value, [6] target. */
+#define TILEVOX_MK_ERROR_WORDS 8
+#define TILEVOX_MK_ERROR_NONE 0 /* none */
+#define TILEVOX_MK_ERROR_WATCHDOG 1 /* watchdog */
+#define TILEVOX_MK_ERROR_BAD_OPCODE 2 /* unknown opcode */
+#define TILEVOX_MK_ERROR_OUT_OF_RANGE 3 /* index out of range */
+#define TILEVOX_MK_ERROR_UNSUPPORTED 4 /* unsupported shape */
+
+#define TILEVOX_MK_FLAG_SYNC_CHECK 1 /* synchronize the stream, turn the error words into a status */
+
+#define TILEVOX_MK_PREFETCH_WORDS 4 /* int64 per instruction: [address, bytes] x 2 */
+#define TILEVOX_MK_PROFILE_WORDS 3 /* int64 ns per instruction: record read, waits met, finished */
+
+/* The launch parameters (all pointers are device pointers on the current device). */
+typedef struct tilevox_megakernel_params {
+  const int32_t* instructions; /* (num_queues, max_queue_len, TILEVOX_MK_INSTRUCTION_WORDS) int32 */
+  const int32_t* queue_lengths; /* (num_queues,) int32 */
+  const int64_t* buffer_table; /* (num_buffers, 8) int64 rows [kind, dtype, ndim, dims[0..4]] (packing.py) */
+  void* const* buffer_ptrs; /* (num_buffers,) device pointers, each a contiguous tensor of its row's shape */
+  int32_t* counters; /* (num_counters,) int32, zeroed by the launch */
+  int32_t* error; /* (TILEVOX_MK_ERROR_WORDS,) int32, zeroed by the launch */
+  int64_t* profile; /* optional (num_queues, max_queue_len, 3) int64: read / waited / finished ns */
+  const int64_t* prefetch; /* optional (num_queues, max_queue_len, 4) int64: two [address, bytes] ranges */
+  int32_t num_queues;
+  int32_t max_queue_len;
+  int32_t num_buffers;
+  int32_t num_counters;
+  int32_t batch_size; /* RegionConstants */
+  int32_t num_heads; /* RegionConstants */
+  int32_t num_kv_heads; /* RegionConstants */
+  int32_t head_dim; /* RegionConstants */
+  int32_t partition_tokens; /* RegionConstants */
+  int32_t num_partitions; /* RegionConstants */
+  float rms_norm_eps; /* RegionConstants */
+  float attn_scale; /* RegionConstants */
+  int64_t watchdog_ns; /* per wait; must be > 0 */
+  int32_t flags; /* TILEVOX_MK_FLAG_* */
+} tilevox_megakernel_params;
+
 #endif /* TILEVOX_MEGAKERNEL_INSTRUCTIONS_H_ */

@@ -83,17 +83,17 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(tilevox_megakernel_par
   c.stop = &stop;
   const int n = prm.queue_lengths[blockIdx.x];
   const int* queue = prm.instructions + (int64_t)blockIdx.x * prm.max_queue_len * TILEVOX_MK_INSTRUCTION_WORDS;
-  const int64_t* pf_queue = prm.prefetch ? prm.prefetch + (int64_t)blockIdx.x * prm.max_queue_len * 4 : nullptr;
-  int64_t* prof = prm.profile ? prm.profile + (int64_t)blockIdx.x * prm.max_queue_len * 3 : nullptr;
+  const int64_t* pf_queue = prm.prefetch ? prm.prefetch + (int64_t)blockIdx.x * prm.max_queue_len * TILEVOX_MK_PREFETCH_WORDS : nullptr;
+  int64_t* prof = prm.profile ? prm.profile + (int64_t)blockIdx.x * prm.max_queue_len * TILEVOX_MK_PROFILE_WORDS : nullptr;
   c.prof = prof;
   const bool record_lane = threadIdx.x < TILEVOX_MK_INSTRUCTION_WORDS;
-  const bool prefetch_lane = pf_queue != nullptr && threadIdx.x >= 32 && threadIdx.x < 36;  // warp 1, lanes 0-3
+  const bool prefetch_lane = pf_queue != nullptr && threadIdx.x >= 32 && threadIdx.x < 32 + TILEVOX_MK_PREFETCH_WORDS;  // warp 1
   // Prologue: the first record, and the weights of the first kPrefetchDistance instructions.
   if (record_lane && n > 0) records[0][threadIdx.x] = queue[threadIdx.x];
   if (prefetch_lane && threadIdx.x == 32)
     for (int i = 0; i < kPrefetchDistance && i < n; ++i) {
-      prefetch_l2(pf_queue[4 * i], pf_queue[4 * i + 1]);
-      prefetch_l2(pf_queue[4 * i + 2], pf_queue[4 * i + 3]);
+      prefetch_l2(pf_queue[TILEVOX_MK_PREFETCH_WORDS * i], pf_queue[TILEVOX_MK_PREFETCH_WORDS * i + 1]);
+      prefetch_l2(pf_queue[TILEVOX_MK_PREFETCH_WORDS * i + 2], pf_queue[TILEVOX_MK_PREFETCH_WORDS * i + 3]);
     }
   __syncthreads();
   for (int pos = 0; pos < n; ++pos) {
@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(tilevox_megakernel_par
     int next_word = 0;
     if (record_lane && pos + 1 < n) next_word = queue[(int64_t)(pos + 1) * TILEVOX_MK_INSTRUCTION_WORDS + threadIdx.x];
     int64_t pf_word = 0;
-    if (prefetch_lane && pos + kPrefetchDistance < n) pf_word = pf_queue[4 * (pos + kPrefetchDistance) + threadIdx.x - 32];
-    if (threadIdx.x == 0 && prof) prof[3 * pos] = (int64_t)global_ns();
+    if (prefetch_lane && pos + kPrefetchDistance < n) pf_word = pf_queue[TILEVOX_MK_PREFETCH_WORDS * (pos + kPrefetchDistance) + threadIdx.x - 32];
+    if (threadIdx.x == 0 && prof) prof[TILEVOX_MK_PROFILE_WORDS * pos] = (int64_t)global_ns();
     const int signal = inst[TILEVOX_MK_FIELD_SIGNAL];
     bool ok;
     switch (inst[0]) {
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(tilevox_megakernel_par
     if (record_lane && pos + 1 < n) records[(pos + 1) & 1][threadIdx.x] = next_word;
     __syncthreads();  // every thread's stores of this instruction precede thread 0's release below
     if (threadIdx.x == 0) {
-      if (prof) prof[3 * pos + 2] = (int64_t)global_ns();
+      if (prof) prof[TILEVOX_MK_PROFILE_WORDS * pos + 2] = (int64_t)global_ns();
       if (signal >= 0) {
         __threadfence();
         atomicAdd(prm.counters + signal, 1);

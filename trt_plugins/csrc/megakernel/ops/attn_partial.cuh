@@ -46,10 +46,10 @@ __device__ __forceinline__ bool attn_grouped_eligible(const Buf& kc, const Buf& 
 
 __device__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_smem) {
   const int* in = ins_of(inst);
-  const Buf qb = get_buf(c, in[0]), kc = get_buf(c, in[1]), vc = get_buf(c, in[2]), positions = get_buf(c, in[3]),
-            slots = get_buf(c, in[4]);
-  const Buf po = get_buf(c, outs_of(inst)[0]), pl = get_buf(c, outs_of(inst)[1]);
-  const int group = args_of(inst)[0];
+  const Buf qb = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF]), kc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE]), vc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE]), positions = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS]),
+            slots = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS]);
+  const Buf po = get_buf(c, outs_of(inst)[TILEVOX_MK_ATTN_PARTIAL_OUT_PART_OUT]), pl = get_buf(c, outs_of(inst)[TILEVOX_MK_ATTN_PARTIAL_OUT_PART_LSE]);
+  const int group = args_of(inst)[TILEVOX_MK_ATTN_PARTIAL_ARG_GROUP];
   const int layer = inst[TILEVOX_MK_FIELD_LAYER], step = inst[TILEVOX_MK_FIELD_STEP];
   const int D = c.prm.head_dim, KVH = c.prm.num_kv_heads, G = c.prm.num_heads / KVH, H = c.prm.num_heads;
   const int P = c.prm.num_partitions, PT = c.prm.partition_tokens, B = c.prm.batch_size;
@@ -180,10 +180,10 @@ __device__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_sme
 
 __device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem) {
   const int* in = ins_of(inst);
-  const Buf qb = get_buf(c, in[0]), kc = get_buf(c, in[1]), vc = get_buf(c, in[2]), positions = get_buf(c, in[3]),
-            slots = get_buf(c, in[4]);
-  const Buf po = get_buf(c, outs_of(inst)[0]), pl = get_buf(c, outs_of(inst)[1]);
-  const int group = args_of(inst)[0];
+  const Buf qb = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF]), kc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE]), vc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE]), positions = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS]),
+            slots = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS]);
+  const Buf po = get_buf(c, outs_of(inst)[TILEVOX_MK_ATTN_PARTIAL_OUT_PART_OUT]), pl = get_buf(c, outs_of(inst)[TILEVOX_MK_ATTN_PARTIAL_OUT_PART_LSE]);
+  const int group = args_of(inst)[TILEVOX_MK_ATTN_PARTIAL_ARG_GROUP];
   const int layer = inst[TILEVOX_MK_FIELD_LAYER], step = inst[TILEVOX_MK_FIELD_STEP];
   const int D = c.prm.head_dim, KVH = c.prm.num_kv_heads, G = c.prm.num_heads / KVH, H = c.prm.num_heads;
   const int P = c.prm.num_partitions, PT = c.prm.partition_tokens, B = c.prm.batch_size;

@@ -3,8 +3,8 @@
 #pragma once
 
 __device__ bool op_attn_reduce(const Ctx& c, const int* inst, float* lse_smem) {
-  const Buf po = get_buf(c, ins_of(inst)[0]), pl = get_buf(c, ins_of(inst)[1]);
-  const Buf out = get_buf(c, outs_of(inst)[0]);
+  const Buf po = get_buf(c, ins_of(inst)[TILEVOX_MK_ATTN_REDUCE_IN_PART_OUT]), pl = get_buf(c, ins_of(inst)[TILEVOX_MK_ATTN_REDUCE_IN_PART_LSE]);
+  const Buf out = get_buf(c, outs_of(inst)[TILEVOX_MK_ATTN_REDUCE_OUT_ATTN_OUT]);
   const int D = c.prm.head_dim, KVH = c.prm.num_kv_heads, G = c.prm.num_heads / KVH, H = c.prm.num_heads;
   const int P = c.prm.num_partitions, B = c.prm.batch_size;
   // The group's log-sum-exps (b, p, i) go to shared memory once when they fit; every output element

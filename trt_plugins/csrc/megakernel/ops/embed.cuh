@@ -3,8 +3,8 @@
 #pragma once
 
 __device__ bool op_embed(const Ctx& c, const int* inst) {
-  const Buf tokens = get_buf(c, ins_of(inst)[0]), table = get_buf(c, ins_of(inst)[1]);
-  const Buf x = get_buf(c, outs_of(inst)[0]);
+  const Buf tokens = get_buf(c, ins_of(inst)[TILEVOX_MK_EMBED_IN_TOKENS]), table = get_buf(c, ins_of(inst)[TILEVOX_MK_EMBED_IN_TABLE]);
+  const Buf x = get_buf(c, outs_of(inst)[TILEVOX_MK_EMBED_OUT_X]);
   const int64_t width = table.dims[1], vocab = table.dims[0];
   if (!wait_deps(c, inst)) return false;
   for (int b = inst[TILEVOX_MK_FIELD_TILE_START]; b < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++b) {

@@ -3,10 +3,10 @@
 #pragma once
 
 __device__ bool op_linear_bias(const Ctx& c, const int* inst, float* xs) {
-  const Buf x = get_buf(c, ins_of(inst)[0]), w = get_buf(c, ins_of(inst)[1]);
-  const int bias_id = ins_of(inst)[2];
+  const Buf x = get_buf(c, ins_of(inst)[TILEVOX_MK_LINEAR_BIAS_IN_X]), w = get_buf(c, ins_of(inst)[TILEVOX_MK_LINEAR_BIAS_IN_W]);
+  const int bias_id = ins_of(inst)[TILEVOX_MK_LINEAR_BIAS_IN_BIAS];
   const Buf bias = get_buf(c, bias_id);
-  const Buf y = get_buf(c, outs_of(inst)[0]);
+  const Buf y = get_buf(c, outs_of(inst)[TILEVOX_MK_LINEAR_BIAS_OUT_Y]);
   const int B = (int)x.dims[0], K = (int)x.dims[1], N = (int)y.dims[1];
   const bool tc = tc_eligible(x, w, nullptr, K) && chunk_limit(true, K, kTcMaxBatch) > 0;
   return for_each_row_chunk(c, inst, B, K, chunk_limit(tc, K, kTcMaxBatch), [&](int b0, int nc) {

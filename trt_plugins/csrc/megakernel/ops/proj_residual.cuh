@@ -2,10 +2,16 @@
 // Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
 #pragma once
 
+// One body for both opcodes: their slots sit at the same positions (named after OPROJ_RESIDUAL's).
+static_assert(TILEVOX_MK_OPROJ_RESIDUAL_IN_ATTN_OUT == TILEVOX_MK_DOWN_RESIDUAL_IN_H, "slot mismatch");
+static_assert(TILEVOX_MK_OPROJ_RESIDUAL_IN_W_O == TILEVOX_MK_DOWN_RESIDUAL_IN_W_DOWN, "slot mismatch");
+static_assert(TILEVOX_MK_OPROJ_RESIDUAL_IN_X_IN == TILEVOX_MK_DOWN_RESIDUAL_IN_X_IN, "slot mismatch");
+static_assert(TILEVOX_MK_OPROJ_RESIDUAL_OUT_X_OUT == TILEVOX_MK_DOWN_RESIDUAL_OUT_X_OUT, "slot mismatch");
+
 // OPROJ_RESIDUAL and DOWN_RESIDUAL: x_out[b, r] = x_in[b, r] + (a[b] . w[r]) rounded.
 __device__ bool op_proj_residual(const Ctx& c, const int* inst, float* xs) {
-  const Buf a = get_buf(c, ins_of(inst)[0]), w = get_buf(c, ins_of(inst)[1]), x_in = get_buf(c, ins_of(inst)[2]);
-  const Buf x_out = get_buf(c, outs_of(inst)[0]);
+  const Buf a = get_buf(c, ins_of(inst)[TILEVOX_MK_OPROJ_RESIDUAL_IN_ATTN_OUT]), w = get_buf(c, ins_of(inst)[TILEVOX_MK_OPROJ_RESIDUAL_IN_W_O]), x_in = get_buf(c, ins_of(inst)[TILEVOX_MK_OPROJ_RESIDUAL_IN_X_IN]);
+  const Buf x_out = get_buf(c, outs_of(inst)[TILEVOX_MK_OPROJ_RESIDUAL_OUT_X_OUT]);
   const int B = (int)a.dims[0], K = (int)a.dims[1], N = (int)x_out.dims[1];
   const bool tc = tc_eligible(a, w, nullptr, K) && chunk_limit(true, K, kTcMaxBatch) > 0;
   return for_each_row_chunk(c, inst, B, K, chunk_limit(tc, K, kTcMaxBatch), [&](int b0, int nc) {

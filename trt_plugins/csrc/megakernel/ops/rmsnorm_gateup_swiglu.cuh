@@ -5,9 +5,9 @@
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
 __device__ bool op_gateup(const Ctx& c, const int* inst, float* xs) {
-  const Buf x = get_buf(c, ins_of(inst)[0]), ln = get_buf(c, ins_of(inst)[1]), wg = get_buf(c, ins_of(inst)[2]),
-            wu = get_buf(c, ins_of(inst)[3]);
-  const Buf h = get_buf(c, outs_of(inst)[0]);
+  const Buf x = get_buf(c, ins_of(inst)[TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_IN_X]), ln = get_buf(c, ins_of(inst)[TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_IN_LN_W]), wg = get_buf(c, ins_of(inst)[TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_IN_W_GATE]),
+            wu = get_buf(c, ins_of(inst)[TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_IN_W_UP]);
+  const Buf h = get_buf(c, outs_of(inst)[TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_OUT_H]);
   const int B = (int)x.dims[0], K = (int)x.dims[1], N = (int)h.dims[1];
   const int dt = h.dt;
   const bool tc = tc_eligible(x, wg, &ln, K) && wu.dt == BF16 && chunk_limit(true, K, kTcMaxBatch) > 0;

@@ -3,9 +3,9 @@
 #pragma once
 
 __device__ bool op_lmhead(const Ctx& c, const int* inst, float* xs) {
-  const Buf x = get_buf(c, ins_of(inst)[0]), nw = get_buf(c, ins_of(inst)[1]), w = get_buf(c, ins_of(inst)[2]);
-  const Buf logits = get_buf(c, outs_of(inst)[0]);
-  const int xn_id = outs_of(inst)[1];
+  const Buf x = get_buf(c, ins_of(inst)[TILEVOX_MK_RMSNORM_LMHEAD_IN_X]), nw = get_buf(c, ins_of(inst)[TILEVOX_MK_RMSNORM_LMHEAD_IN_NORM_W]), w = get_buf(c, ins_of(inst)[TILEVOX_MK_RMSNORM_LMHEAD_IN_W_LM]);
+  const Buf logits = get_buf(c, outs_of(inst)[TILEVOX_MK_RMSNORM_LMHEAD_OUT_LOGITS]);
+  const int xn_id = outs_of(inst)[TILEVOX_MK_RMSNORM_LMHEAD_OUT_X_NORMED];
   const Buf xn = get_buf(c, xn_id);
   const int B = (int)x.dims[0], K = (int)x.dims[1], N = (int)logits.dims[1];
   const int r0 = inst[TILEVOX_MK_FIELD_TILE_START];

@@ -4,12 +4,12 @@
 
 __device__ bool op_qkv(const Ctx& c, const int* inst, float* xs, float* hb) {
   const int* in = ins_of(inst);
-  const Buf x = get_buf(c, in[0]), ln = get_buf(c, in[1]), wq = get_buf(c, in[2]), wk = get_buf(c, in[3]),
-            wv = get_buf(c, in[4]), qkn = get_buf(c, in[5]), inv_freq = get_buf(c, in[6]),
-            positions = get_buf(c, in[7]), slots = get_buf(c, in[8]);
-  const bool has_qkn = in[5] >= 0;
-  const Buf qb = get_buf(c, outs_of(inst)[0]), kc = get_buf(c, outs_of(inst)[1]), vc = get_buf(c, outs_of(inst)[2]);
-  const int group = args_of(inst)[0];
+  const Buf x = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_X]), ln = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_LN_W]), wq = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_W_Q]), wk = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_W_K]),
+            wv = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_W_V]), qkn = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_QK_NORM_W]), inv_freq = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_INV_FREQ]),
+            positions = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_POSITIONS]), slots = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_SLOTS]);
+  const bool has_qkn = in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_QK_NORM_W] >= 0;
+  const Buf qb = get_buf(c, outs_of(inst)[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_Q_BUF]), kc = get_buf(c, outs_of(inst)[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_K_CACHE]), vc = get_buf(c, outs_of(inst)[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_V_CACHE]);
+  const int group = args_of(inst)[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_ARG_GROUP];
   const int layer = inst[TILEVOX_MK_FIELD_LAYER], step = inst[TILEVOX_MK_FIELD_STEP];
   const int D = c.prm.head_dim, G = c.prm.num_heads / c.prm.num_kv_heads, H = c.prm.num_heads;
   const int B = (int)x.dims[0], K = (int)x.dims[1];

@@ -19,12 +19,12 @@ __device__ __forceinline__ uint32_t hash32(uint32_t x) {
 
 __device__ bool op_sample(const Ctx& c, const int* inst, float* smem) {
   const int* in = ins_of(inst);
-  const Buf logits = get_buf(c, in[0]), temperature = get_buf(c, in[1]), top_k = get_buf(c, in[2]),
-            top_p = get_buf(c, in[3]), seed = get_buf(c, in[4]), rng_offset = get_buf(c, in[5]),
-            table = get_buf(c, in[6]);
-  const bool has_table = in[6] >= 0;
-  const Buf tokens_out = get_buf(c, outs_of(inst)[0]), x_next = get_buf(c, outs_of(inst)[1]);
-  const int V = args_of(inst)[0], rng_step = args_of(inst)[1];
+  const Buf logits = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_LOGITS]), temperature = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_TEMPERATURE]), top_k = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_TOP_K]),
+            top_p = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_TOP_P]), seed = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_SEED]), rng_offset = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_RNG_OFFSET]),
+            table = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_TABLE]);
+  const bool has_table = in[TILEVOX_MK_SAMPLE_EMBED_IN_TABLE] >= 0;
+  const Buf tokens_out = get_buf(c, outs_of(inst)[TILEVOX_MK_SAMPLE_EMBED_OUT_TOKENS_OUT]), x_next = get_buf(c, outs_of(inst)[TILEVOX_MK_SAMPLE_EMBED_OUT_X_NEXT]);
+  const int V = args_of(inst)[TILEVOX_MK_SAMPLE_EMBED_ARG_VOCAB_LIMIT], rng_step = args_of(inst)[TILEVOX_MK_SAMPLE_EMBED_ARG_RNG_STEP];
   const int64_t row_len = logits.dims[1];
   float* red = smem;                                          // kWarps floats
   long long* red_ll = reinterpret_cast<long long*>(smem + 16);  // kWarps int64
