@@ -1,6 +1,8 @@
-"""The build report's figure: predicted against measured step time of every candidate that ran end to end,
-per batch bucket (a point on the diagonal is a perfect prediction; the chosen one is ringed).
-Imports: matplotlib (the `bench` extra), lazily.
+"""The build report's figures: predicted against measured step time of every candidate that ran end to end,
+per batch bucket (a point on the diagonal is a perfect prediction; the chosen one is ringed), and the
+simulated timeline of a chosen megakernel piece: each SM's queue of instructions over time, coloured by
+opcode, so the gaps (counter waits) and the longest queue are visible. Imports: matplotlib (the `bench`
+extra), lazily.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["plot_predicted_vs_measured"]
+__all__ = ["plot_predicted_vs_measured", "plot_sm_timeline"]
 
 
 def plot_predicted_vs_measured(candidates: Mapping[str, Sequence[Mapping]], path: Path) -> int:
@@ -48,3 +50,33 @@ def plot_predicted_vs_measured(candidates: Mapping[str, Sequence[Mapping]], path
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return len(points)
+
+
+def plot_sm_timeline(program, schedule, path: Path, *, title: str) -> int:
+    """One horizontal bar per instruction on its SM's row, from its simulated start to its finish
+    (engine_builder.regions.schedule.simulate). Returns the number of SM rows drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    used = sorted({sm for sm in schedule.sm if sm >= 0})
+    row_of = {sm: row for row, sm in enumerate(used)}
+    opcodes = sorted({inst.opcode.name for inst in program.instructions})
+    colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(opcodes)}
+    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.06 * len(used) + 1.5)))
+    for index, inst in enumerate(program.instructions):
+        start, finish = schedule.start_s[index] * 1e6, schedule.finish_s[index] * 1e6
+        ax.barh(row_of[schedule.sm[index]], finish - start, left=start, height=0.8, color=colours[inst.opcode.name])
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=colours[name], label=name) for name in opcodes]
+    ax.set_xlabel(f"simulated time (us); makespan {schedule.makespan_s * 1e6:.1f} us")
+    ax.set_ylabel(f"SM queue ({len(used)} used)")
+    ax.set_yticks([])
+    ax.set_title(title)
+    ax.legend(handles=handles, loc="upper left", fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return len(used)

@@ -13,9 +13,12 @@ models.region_backends, engine_builder.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tilevox.engine_builder.composition import Piece
-from tilevox.engine_builder.regions.compiler import compile_region
+from tilevox.engine_builder.regions.compiler import CompiledRegion, compile_region
 from tilevox.engine_builder.regions.cost import H200, DeviceCosts
+from tilevox.engine_builder.regions.schedule import simulate
 from tilevox.engine_builder.regions.spec import RegionKind, RegionSpec, TilingConfig, region_spec
 from tilevox.models.decoder_view import ModelFamily
 from tilevox.models.region_backends import region_module
@@ -58,20 +61,38 @@ class SimulatedMegakernelCost:
     def __call__(self, piece: Piece, batch: int) -> float:
         key = (piece, batch)
         if key not in self._times:
-            network = region_module(self.model, piece.region)
-            spec = piece_spec(piece, network.decoder_view().family)
-            predictor = spec.kind is RegionKind.CODE_PREDICTOR_LOOP
-            region = compile_region(
-                network,
-                spec,
-                batch_size=batch,
-                max_context=None if predictor else self.context + 1,
-                tiling=self.tiling,
-                device=self.device,
-                num_sms=self.device.num_sms,
-            )
-            self._times[key] = region.predicted_time_s
+            self._times[key] = self.compile(piece, batch).predicted_time_s
         return self._times[key]
+
+    def compile(self, piece: Piece, batch: int) -> CompiledRegion:
+        """The piece compiled for `batch` rows (its program holds the SM queues the time comes from)."""
+        network = region_module(self.model, piece.region)
+        spec = piece_spec(piece, network.decoder_view().family)
+        predictor = spec.kind is RegionKind.CODE_PREDICTOR_LOOP
+        return compile_region(
+            network,
+            spec,
+            batch_size=batch,
+            max_context=None if predictor else self.context + 1,
+            tiling=self.tiling,
+            device=self.device,
+            num_sms=self.device.num_sms,
+        )
+
+    def timeline(self, piece: Piece, batch: int, path: Path) -> float:
+        """Write the piece's simulated SM-queue timeline (engine_builder.report) to `path`; returns its
+        simulated time in seconds."""
+        from tilevox.engine_builder.report import plot_sm_timeline
+
+        region = self.compile(piece, batch)
+        schedule = simulate(region.program, self.device)
+        plot_sm_timeline(
+            region.program,
+            schedule,
+            path,
+            title=f"{piece.region} [{piece.first_layer}-{piece.stop_layer}), batch {batch}",
+        )
+        return schedule.makespan_s
 
     @property
     def num_compiled(self) -> int:

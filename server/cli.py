@@ -607,6 +607,12 @@ def _add_build(subparsers) -> None:
         help="also run each bucket's N best predicted candidates end to end and keep the fastest measured "
         "(report: predicted vs measured, build_report.png)",
     )
+    p.add_argument(
+        "--context",
+        type=int,
+        default=512,
+        help="keys per stream assumed by the simulated SM-queue timelines of the chosen megakernel pieces",
+    )
     p.add_argument("--out", required=True, type=Path, help="directory for plan.json and build_report.json")
     p.set_defaults(handler=_run_build)
 
@@ -624,8 +630,8 @@ def _run_build(args: argparse.Namespace) -> int:
     from tilevox.engine_builder.regions import BackendOptions, Executor
     from tilevox.models.registry import load_model, parse_dtype
 
-    if args.measure < 0:
-        raise CommandError(f"--measure must be >= 0, got {args.measure}")
+    if args.measure < 0 or args.context < 1:
+        raise CommandError(f"--measure must be >= 0 and --context >= 1, got {args.measure}, {args.context}")
     try:
         batches = [int(b) for b in args.batches.split(",")]
         backends = [Backend(b.strip()) for b in args.backends.split(",")]
@@ -674,6 +680,15 @@ def _run_build(args: argparse.Namespace) -> int:
         from tilevox.engine_builder.report import plot_predicted_vs_measured
 
         plot_predicted_vs_measured(report["candidates"], args.out / "build_report.png")
+    chosen = [
+        (b.batch, p) for b in result.plan.buckets for p in b.composition.pieces if p.backend is Backend.MEGAKERNEL
+    ]
+    if chosen:  # the simulated SM queues of every megakernel piece the plan chose
+        from tilevox.engine_builder.simulated_costs import SimulatedMegakernelCost
+
+        simulated = SimulatedMegakernelCost(model, context=args.context)
+        for batch, piece in chosen:
+            simulated.timeline(piece, batch, args.out / f"timeline_{piece.region}_b{batch}.png")
     for bucket in result.plan.buckets:
         print(
             f"{bucket.batch:>5} streams: {bucket.composition.label()}  ({bucket.predicted_step_s * 1e3:.2f} ms per step, "

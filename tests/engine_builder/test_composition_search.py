@@ -251,3 +251,17 @@ def test_simulated_megakernel_costs_compile_each_piece_once():
     )  # slow enough that megakernels win
     ranked = search(layout, 2, conventional=conventional, megakernel=llama_cost)
     assert ranked[0].composition.num_megakernels >= 1 and len(ranked) == len(enumerate_compositions(layout))
+
+
+def test_a_megakernel_piece_timeline_is_drawn(tmp_path):
+    """The simulated SM queues of a piece as a PNG; its makespan is the piece's simulated time."""
+    from tilevox.engine_builder.simulated_costs import SimulatedMegakernelCost
+    from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
+
+    qwen = load_qwen3("qwen3-tts-tiny")
+    layers = qwen.talker.config.transformer.num_layers
+    cost = SimulatedMegakernelCost(qwen, context=64)
+    piece = _piece(0, layers, M, last=layers)
+    path = tmp_path / "timeline.png"
+    assert cost.timeline(piece, 2, path) == pytest.approx(cost(piece, 2))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -90,3 +90,22 @@ def test_a_plan_dispatches_each_call_by_its_batch_bucket(tmp_path):
     calls = dispatch[layout.name].calls
     assert calls[(1, "megakernel")] == 3 and calls[(4, "graph")] == 3
     assert dispatch[layout.name].num_above_largest == 0
+
+
+def test_build_draws_the_timelines_of_the_chosen_megakernel_pieces(tmp_path, monkeypatch):
+    """With profiles where the megakernel wins every region (stand-in timings), the plan chooses it and the
+    build writes each chosen piece's simulated SM-queue timeline."""
+    import tilevox.engine_builder.build as build
+
+    def fake_region_times(model, batch, **_):
+        on_megakernel = type(model.talker_step_backend).__name__.startswith("Megakernel")
+        return {"talker_step": 1.0 if on_megakernel else 10.0, "code_predictor_loop": 1.0 if on_megakernel else 10.0}
+
+    monkeypatch.setattr(build, "region_times", fake_region_times)
+    out = tmp_path / "build"
+    argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1,2"]
+    assert main([*argv, "--megakernel-executor", "vm", "--context", "64", "--out", str(out)]) == 0
+    plan = load_plan(out / "plan.json")
+    assert all(p.backend is Backend.MEGAKERNEL for b in plan.buckets for p in b.composition.pieces)
+    drawn = sorted(p.name for p in out.glob("timeline_*.png"))
+    assert drawn == [f"timeline_{r}_b{b}.png" for r in ("code_predictor_loop", "talker_step") for b in (1, 2)]
