@@ -18,6 +18,7 @@ engine_builder.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import math
@@ -57,15 +58,18 @@ def whole_region_compositions(layout: Sequence[RegionLayout], backends: Sequence
     return [c for c in candidates if all(p.backend in allowed for p in c.pieces)]
 
 
-def _install(model, backend: Backend, regions: Sequence[str], megakernel: BackendOptions) -> dict[str, object]:
-    """Put every region on `backend`; returns the megakernel backends (for their fallback counts)."""
-    if backend is Backend.MEGAKERNEL:
-        made = {name: make_backend(model, name, megakernel) for name in regions}
-        for name, instance in made.items():
-            set_region_backend(model, name, instance)
-        return made
-    install_graph_regions(model, regions, GraphOptions(compile=backend is Backend.COMPILED))
-    return {}
+def _region_backend(
+    model, name: str, kind: Backend, made: dict, *, graphs: GraphOptions, megakernel: BackendOptions
+) -> Callable:
+    """The backend that runs region `name` on `kind` (the executor's graph backend, compiled or not, or the
+    megakernel), made once per (region, kind) and kept in `made`."""
+    if (name, kind) not in made:
+        if kind is Backend.MEGAKERNEL:
+            made[(name, kind)] = make_backend(model, name, megakernel)
+        else:
+            options = dataclasses.replace(graphs, compile=kind is Backend.COMPILED)
+            made[(name, kind)] = GRAPH_BACKENDS[name](region_module(model, name), options)
+    return made[(name, kind)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,14 +86,10 @@ def install_composition(model, composition: Composition, megakernel: BackendOpti
     for piece in composition.pieces:
         if piece.first_layer != 0 or not piece.head:
             raise PlanError(f"region {piece.region} is cut: the executor runs regions whole")
-        key = (piece.region, piece.backend)
-        if key not in made:
-            if piece.backend is Backend.MEGAKERNEL:
-                made[key] = make_backend(model, piece.region, megakernel)
-            else:
-                options = GraphOptions(compile=piece.backend is Backend.COMPILED)
-                made[key] = GRAPH_BACKENDS[piece.region](region_module(model, piece.region), options)
-        set_region_backend(model, piece.region, made[key])
+        backend = _region_backend(
+            model, piece.region, piece.backend, made, graphs=GraphOptions(), megakernel=megakernel
+        )
+        set_region_backend(model, piece.region, backend)
 
 
 def build_plan(
@@ -117,14 +117,20 @@ def build_plan(
     measured: dict[tuple[str, str, int], float] = {}
     unavailable: dict[str, str] = {}
     profiled: list[Backend] = []
+    made: dict = {}
+    install_graph_regions(model, executor_region_names(model))  # codec and sampling as served
     for backend in backends:
         try:
-            installed = _install(model, backend, regions, megakernel)
+            installed = {
+                name: _region_backend(model, name, backend, made, graphs=GraphOptions(), megakernel=megakernel)
+                for name in regions
+            }
+            for name, instance in installed.items():
+                set_region_backend(model, name, instance)
         except MegakernelUnavailable as exc:
             unavailable[backend.value] = exc.reason
             log.warning("build: %s not profiled: %s", backend.value, exc.reason)
             continue
-        install_graph_regions(model, executor_region_names(model))  # codec and sampling as served
         for batch in batches:
             if progress is not None:
                 progress(f"{backend.value} at {batch} streams")
@@ -134,14 +140,14 @@ def build_plan(
                 if name not in times:
                     raise RuntimeError(f"region {name} did not run in a step of {batch} streams")
                 measured[(name, backend.value, batch)] = times[name]
-                if name in installed and installed[name].num_conventional_calls > fallbacks[name]:
+                if backend is Backend.MEGAKERNEL and installed[name].num_conventional_calls > fallbacks[name]:
                     # some calls ran the conventional path (reason logged): not a megakernel time
                     measured[(name, backend.value, batch)] = math.inf
                     unavailable[f"{backend.value} {name} at {batch}"] = "calls ran the conventional path (see the log)"
         profiled.append(backend)
         for name in regions:
             set_region_backend(model, name, None)
-    if Backend.GRAPH not in profiled and not any(b.is_conventional for b in profiled):
+    if not any(b.is_conventional for b in profiled):
         raise RuntimeError("no conventional backend could be profiled")
     layers = {r.name: r.num_layers for r in layout}
     conventional = ConventionalCosts(
@@ -157,7 +163,7 @@ def build_plan(
         return measured[(piece.region, Backend.MEGAKERNEL.value, batch)] * 1e-3
 
     candidates = whole_region_compositions(layout, profiled)
-    buckets, ranked_report, made = [], {}, {}
+    buckets, ranked_report = [], {}
     for batch in batches:
         ranked = search(layout, batch, conventional=conventional, megakernel=megakernel_s, candidates=candidates)
         ranked_report[batch] = [
@@ -207,18 +213,6 @@ def apply_plan(
     if tuple(plan.layout) != layout:
         raise PlanError(f"the plan's regions {[r.name for r in plan.layout]} do not match this model's {layout}")
     made: dict[tuple[str, Backend], Callable] = {}
-
-    def backend_for(name: str, kind: Backend) -> Callable:
-        if (name, kind) not in made:
-            if kind is Backend.MEGAKERNEL:
-                made[(name, kind)] = make_backend(model, name, megakernel)
-            else:
-                options = GraphOptions(
-                    capture=graphs.capture, max_batch=graphs.max_batch, compile=kind is Backend.COMPILED
-                )
-                made[(name, kind)] = GRAPH_BACKENDS[name](region_module(model, name), options)
-        return made[(name, kind)]
-
     dispatchers = {}
     for region in layout:
         choices = []
@@ -229,7 +223,9 @@ def apply_plan(
                     f"bucket {bucket.batch} cuts region {region.name} into {len(pieces)} pieces; the executor runs "
                     "regions whole"
                 )
-            choices.append((bucket.batch, pieces[0].backend.value, backend_for(region.name, pieces[0].backend)))
+            kind = pieces[0].backend
+            backend = _region_backend(model, region.name, kind, made, graphs=graphs, megakernel=megakernel)
+            choices.append((bucket.batch, kind.value, backend))
         dispatcher = BucketDispatch(region.name, lambda *a, _n=region.name, **k: call_batch(_n, *a, **k), choices)
         set_region_backend(model, region.name, dispatcher)
         dispatchers[region.name] = dispatcher

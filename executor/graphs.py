@@ -69,6 +69,7 @@ __all__ = [
     "batch_bucket",
     "install_graph_regions",
     "key_bucket",
+    "length_bucket",
 ]
 
 LOGGER_NAME = "tilevox.executor"
@@ -106,14 +107,19 @@ def batch_bucket(batch: int) -> int:
     raise ValueError(f"batch {batch} exceeds the largest bucket {BATCH_BUCKETS[-1]}")
 
 
+def length_bucket(length: int, minimum: int, limit: int | None = None) -> int:
+    """The next power of two >= length, at least `minimum` (itself a power of two), at most `limit`."""
+    bucket = minimum
+    while bucket < length:
+        bucket *= 2
+    return bucket if limit is None else min(bucket, limit)
+
+
 def key_bucket(num_keys: int, limit: int) -> int:
     """Keys a call reads: the next power of two >= num_keys (at least MIN_KEY_BUCKET), at most `limit`."""
     if not 1 <= num_keys <= limit:
         raise ValueError(f"num_keys must be in [1, {limit}], got {num_keys}")
-    bucket = MIN_KEY_BUCKET
-    while bucket < num_keys:
-        bucket *= 2
-    return min(bucket, limit)
+    return length_bucket(num_keys, MIN_KEY_BUCKET, limit)
 
 
 class _Graphs:
@@ -310,10 +316,7 @@ class GraphedTalkerPrefill(_GraphBackend):
             self._fallback(reason)
             return self.talker.forward_prompts(inputs, view, last)
         self._cache = view.cache
-        span = MIN_PROMPT_BUCKET
-        while span < length:
-            span *= 2
-        span = min(span, view.cache.max_len)
+        span = length_bucket(length, MIN_PROMPT_BUCKET, view.cache.max_len)
         bucket, rows = self._rows(batch)
         padded = inputs.new_zeros(bucket, span, inputs.shape[2])
         padded[:, :length] = inputs[rows]
@@ -356,10 +359,7 @@ class GraphedDecoderPrefill(_GraphBackend):
             self._fallback(reason)
             return self.llama.prefill_many(cache, slots, prompts)
         self._cache = cache
-        span = MIN_PROMPT_BUCKET
-        while span < length:
-            span *= 2
-        span = min(span, cache.max_seq_len)
+        span = length_bucket(length, MIN_PROMPT_BUCKET, cache.max_seq_len)
         bucket, rows = self._rows(batch)
         padded = tokens.new_zeros(bucket, span)
         padded[:, :length] = tokens[rows]
@@ -542,11 +542,7 @@ class GraphedTokenSampling(_GraphBackend):
             )
         lengths = [int(h.shape[0]) for h in rows.history]
         penalised = [b for b, p in enumerate(rows.params) if p.repetition_penalty != 1.0 and lengths[b]]
-        width = 0
-        if penalised:
-            width = MIN_HISTORY_BUCKET
-            while width < max(lengths[b] for b in penalised):
-                width *= 2
+        width = length_bucket(max(lengths[b] for b in penalised), MIN_HISTORY_BUCKET) if penalised else 0
         history = torch.zeros(batch, width, dtype=torch.int64, device=self.device)
         for b in penalised:
             history[b, : lengths[b]] = rows.history[b]

@@ -40,10 +40,6 @@ __all__ = [
     "run_program_cuda",
 ]
 
-_FLAG_SYNC_CHECK = FLAG_SYNC_CHECK
-_STATUS_WATCHDOG = int(LaunchStatus.MK_WATCHDOG)
-_STATUS_FAULT = int(LaunchStatus.MK_FAULT)
-_ERROR_NAMES = {int(code): code.description for code in ErrorCode if code is not ErrorCode.NONE}
 _CTYPES = {
     "int32_t": ctypes.c_int32,
     "int64_t": ctypes.c_int64,
@@ -100,13 +96,17 @@ def unavailable_reason(device: torch.device | str | None = None) -> str | None:
 
 def _raise_for_words(words: list[int]) -> None:
     code = words[0]
-    if code == 0:
+    if code == ErrorCode.NONE:
         return
+    try:
+        name = ErrorCode(code).description
+    except ValueError:  # a code this registry does not know: say the number
+        name = code
     detail = (
-        f"megakernel {_ERROR_NAMES.get(code, code)}: queue {words[1]} position {words[2]} opcode {words[3]} "
+        f"megakernel {name}: queue {words[1]} position {words[2]} opcode {words[3]} "
         f"counter {words[4]} value {words[5]} target {words[6]}"
     )
-    raise (MegakernelWatchdogError if code == 1 else MegakernelFaultError)(detail)
+    raise (MegakernelWatchdogError if code == ErrorCode.WATCHDOG else MegakernelFaultError)(detail)
 
 
 class CudaProgram:
@@ -217,13 +217,13 @@ class BoundLaunch:
         `check_error()` after the stream (or graph replay) completes."""
         if check and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("launch(check=True) synchronizes; pass check=False while capturing a CUDA graph")
-        self.params.flags = _FLAG_SYNC_CHECK if check else 0
+        self.params.flags = FLAG_SYNC_CHECK if check else 0
         lib = self.program.lib
         stream = torch.cuda.current_stream(self.program.device).cuda_stream
         status = lib.tilevox_megakernel_launch(ctypes.byref(self.params), ctypes.c_void_p(stream))
-        if status == _STATUS_WATCHDOG or status == _STATUS_FAULT:
+        if status in (LaunchStatus.MK_WATCHDOG, LaunchStatus.MK_FAULT):
             message = lib.tilevox_last_error().decode(errors="replace")
-            raise (MegakernelWatchdogError if status == _STATUS_WATCHDOG else MegakernelFaultError)(message)
+            raise (MegakernelWatchdogError if status == LaunchStatus.MK_WATCHDOG else MegakernelFaultError)(message)
         check_status(lib, status, "tilevox_megakernel_launch")
         return self.tensors
 
