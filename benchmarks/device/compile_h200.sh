@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # H200 run of the executor with Inductor-compiled regions (issue 12, `--compile on`). Parts run in the order
 # given: `compile_h200.sh frames tests bench`.
-#   frames MODELS BATCHES  frame breakdown (benchmarks/frame_breakdown.py), CUDA graphs vs compiled + graphs,
-#                          with kernel tables of the steps and a cProfile of one batched prefill
+#   frames MODELS BATCHES GRAPHS  frame breakdown (benchmarks/frame_breakdown.py) for the --graphs settings GRAPHS
+#                          (e.g. on,compiled), with kernel tables of the steps and a cProfile of one batched prefill
+#   synth MODEL ARGS... -- `tilevox synth --device cuda` (4 s, after warm-up) with the extra synth ARGS
 #   tests EXPR             the GPU tests matching pytest -k EXPR ("": all)
 #   bench NAME MODEL LEVELS MODE SECONDS SERVE_ARGS... --  `tilevox bench` (4 s requests) against a started
 #                          server, cut after SECONDS; open loop at 8 requests/s for 20 s
@@ -26,10 +27,15 @@ while [ $# -gt 0 ]; do
   part=$1; shift
   case $part in
     frames)
-      models=$1 batches=$2; shift 2
-      timeout 420 python3 -m benchmarks.frame_breakdown --models "$models" --batches "$batches" --graphs on,compiled \
+      models=$1 batches=$2 graphs=$3; shift 3
+      timeout 420 python3 -m benchmarks.frame_breakdown --models "$models" --batches "$batches" --graphs "$graphs" \
         --out "$OUT/frame_breakdown_${models//,/_}.json" --profile-out "$OUT/profile_${models//,/_}.txt" 2>&1 \
         | grep -v "^ " | tee -a "$OUT/frames.log" ;;
+    synth)
+      model=$1; shift; extra=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift || true
+      timeout 200 python3 -m tilevox.server.cli synth --model "$model" --device cuda --quiet --seed 0 --max-duration 4 \
+        --text "Streaming speech synthesis on a Hopper GPU, one frame at a time." --out /tmp/synth.wav "${extra[@]}" 2>&1 \
+        | tail -2 | sed "s|^|synth $model ${extra[*]}: |" | tee -a "$OUT/synth.log" ;;
     tests)
       expr=$1; shift  # pytest -k expression ("" = all)
       timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" --rootdir "$repo" \
