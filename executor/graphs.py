@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tilevox.executor.sampling import sample_next_tokens, sample_rows
+from tilevox.executor.sampling import filter_plan, sample_next_tokens, sample_rows
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
@@ -388,9 +388,18 @@ class GraphedCodePredictorLoop(_GraphBackend):
         self._caches: dict[int, object] = {}  # per bucket: every position is written before it is read
         self._run_frame = self._compiled(self._frame)
 
-    def _frame(self, hidden, code0, floats, ints, cache):
+    def _frame(self, hidden, code0, floats, ints, cache, candidates, nucleus):
         def choose_on_device(head: int, logits: torch.Tensor) -> torch.Tensor:
-            return sample_rows(logits, floats[:, 0], ints[:, 0], floats[:, 1], ints[:, 1], ints[:, 2] + head)
+            return sample_rows(
+                logits,
+                floats[:, 0],
+                ints[:, 0],
+                floats[:, 1],
+                ints[:, 1],
+                ints[:, 2] + head,
+                candidates=candidates,
+                nucleus=nucleus,
+            )
 
         return self.predictor.predict(hidden, code0, choose_on_device, cache)
 
@@ -424,10 +433,13 @@ class GraphedCodePredictorLoop(_GraphBackend):
             if self.options.compile and bucket >= 2:  # its slots dimension is the batch
                 torch._dynamo.mark_dynamic(cache.keys, 1)
                 torch._dynamo.mark_dynamic(cache.values, 1)
+        plan = filter_plan(
+            [p.top_k for p in rows.params], [p.top_p for p in rows.params], self.predictor.lm_head[0].out_features
+        )
         self.keys_used.add((bucket,))
         codes = self.graphs.run(
-            (bucket,),
-            functools.partial(self._run_frame, cache=cache),
+            (bucket, *plan),
+            functools.partial(self._run_frame, cache=cache, candidates=plan[0], nucleus=plan[1]),
             {"hidden": hidden[index], "code0": code0_embedding[index], "floats": floats[index], "ints": ints[index]},
             dynamic={"hidden": (0,), "code0": (0,), "floats": (0,), "ints": (0,)},
         )
@@ -555,14 +567,19 @@ class GraphedTokenSampling(_GraphBackend):
             torch.int64,
         )
 
+        candidates, nucleus = filter_plan(
+            [p.top_k for p in rows.params], [p.top_p for p in rows.params], logits.shape[-1]
+        )
         if batch > self.options.max_batch:
             self._fallback(f"batch {batch} above max_batch {self.options.max_batch} (sampled eagerly)")
-            return sample_next_tokens(logits.float(), floats, ints, history, stop_ids)
+            return sample_next_tokens(
+                logits.float(), floats, ints, history, stop_ids, candidates=candidates, nucleus=nucleus
+            )
         bucket, index = self._rows(batch)
         self.keys_used.add((bucket, width))
         tokens = self.graphs.run(
-            (bucket, width),
-            functools.partial(self._run_draw, stop_ids=stop_ids),
+            (bucket, width, candidates, nucleus),
+            functools.partial(self._run_draw, stop_ids=stop_ids, candidates=candidates, nucleus=nucleus),
             {"logits": logits.float()[index], "floats": floats[index], "ints": ints[index], "history": history[index]},
             dynamic={"logits": (0,), "floats": (0,), "ints": (0,), "history": (0, 1)},
         )

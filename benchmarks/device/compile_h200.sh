@@ -8,7 +8,8 @@
 #   bench NAME MODEL LEVELS MODE SECONDS SERVE_ARGS... --  `tilevox bench` (4 s requests) against a started
 #                          server, cut after SECONDS; open loop at 8 requests/s for 20 s
 #   build MODEL BATCHES    `tilevox build` (graph vs megakernel per region and bucket; carry the kernel library
-#                          trt_plugins/build/libtilevox_kernels.so built here); not run yet
+#                          trt_plugins/build/libtilevox_kernels.so built here)
+#   pack                   everything in $OUT into results.tgz (a call brings back 8 files at most)
 # Serve flags go after the bench part's SECONDS, e.g. `--cuda-graphs on --graph-prefill on --`.
 # Inductor's cache is not kept between calls (it comes to ~36 MB compressed for Qwen3-TTS-0.6B, above what a
 # call may bring back), so each call compiles afresh.
@@ -39,7 +40,8 @@ while [ $# -gt 0 ]; do
     tests)
       expr=$1; shift  # pytest -k expression ("" = all)
       timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" --rootdir "$repo" \
-        -k "$expr" "$repo/tests/executor" "$repo/tests/models/test_capacity.py" > "$OUT/gpu_tests.log" 2>&1
+        -k "$expr" "$repo/tests/executor" "$repo/tests/models/test_capacity.py" "$repo/tests/models/test_slot_attention.py" \
+        > "$OUT/gpu_tests.log" 2>&1
       tail -4 "$OUT/gpu_tests.log" ;;
     bench)
       name=$1 model=$2 levels=$3 mode=$4 seconds=$5; shift 5
@@ -52,11 +54,13 @@ while [ $# -gt 0 ]; do
       python3 -c "import json,os,sys; p=sys.argv[1]; r=json.load(open(p)); r['commit']=os.environ.get('TILEVOX_COMMIT','unknown'); json.dump(r,open(p,'w'),indent=1)" "/tmp/bench/$name.json" \
         && cp "/tmp/bench/$name.json" "$OUT/"
       gzip -c "/tmp/bench/$name.server.log" > "$OUT/$name.server.log.gz" ;;
-    build)  # not run yet (written 2026-12-03, after the device budget was spent): tilevox build on the H200
+    build)
       model=$1 batches=$2; shift 2
       export TILEVOX_KERNELS_LIB=${TILEVOX_KERNELS_LIB:-$repo/trt_plugins/build/libtilevox_kernels.so}
       timeout 400 python3 -m tilevox.server.cli build --model "$model" --batches "$batches" \
         --out "$OUT/build_${model#random:}" 2>&1 | tail -8 | sed "s|^|build $model: |" | tee -a "$OUT/build.log" ;;
+    pack)  # everything so far into one archive (a call brings back 8 files at most)
+      (cd "$OUT" && tar czf results.tgz --exclude results.tgz --remove-files -- *) ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

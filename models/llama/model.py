@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from tilevox.models.decoder_view import DecoderView, LayerWeights, ModelFamily
-from tilevox.models.layers import GatedMLP, RMSNorm, gather_keys
+from tilevox.models.layers import GatedMLP, RMSNorm, gather_keys, slot_attention, slot_attention_supported
 from tilevox.models.llama.config import LlamaConfig
 
 __all__ = [
@@ -179,6 +179,11 @@ class LlamaAttention(nn.Module):
         cache.v[layer, slots[:, None], :, positions] = v
         k_layer, v_layer = cache.k[self.layer_idx], cache.v[self.layer_idx]  # (slots, Hkv, S_max, D)
         num_keys = key_mask.shape[-1]
+        if seq == 1 and slot_attention_supported(q, k_layer):
+            # One new position per row: attend to each row's slot in place (key_mask is the prefix
+            # [0, position]; positions < num_keys).
+            out = slot_attention(q, k_layer, v_layer, slots, positions[:, 0] + 1, num_keys, self.scale)
+            return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
         keys, values = gather_keys(k_layer, v_layer, slots, num_keys)  # (B, Hkv, S, D) each
 
         # GQA without repeating keys: query head h uses kv head h // G, so group the G query heads of

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tilevox.models.decoder_view import LayerWeights
-from tilevox.models.layers import GatedMLP, RMSNorm, gather_keys
+from tilevox.models.layers import GatedMLP, RMSNorm, gather_keys, slot_attention, slot_attention_supported
 from tilevox.models.qwen3_tts.config import TransformerConfig
 
 __all__ = ["CacheView", "DecoderLayer", "DecoderStack", "KVCache", "RMSNorm", "rope_cos_sin", "rope_inv_freq"]
@@ -136,6 +136,11 @@ class CacheView:
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k/v (B, KV, T, D) at each row's positions; return (B, KV, kv_len, D) keys, values."""
+        self.write(layer_idx, k, v)
+        return gather_keys(self.cache.keys[layer_idx], self.cache.values[layer_idx], self.slots, self.kv_len)
+
+    def write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write k/v (B, KV, T, D) at each row's positions."""
         keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]  # (N, KV, S, D)
         num_new = k.shape[2]
         if num_new == 1:
@@ -156,7 +161,6 @@ class CacheView:
             first = self.write_offset
             keys[self.slots, :, first : first + num_new] = k
             values[self.slots, :, first : first + num_new] = v
-        return gather_keys(keys, values, self.slots, self.kv_len)
 
     def mask(self, num_new: int) -> torch.Tensor:
         """(B, 1, T, kv_len) bool: key j is visible to new token t of row b iff j <= start[b] + t."""
@@ -186,6 +190,14 @@ class Attention(nn.Module):
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
+        cached_keys = view.cache.keys[layer_idx]
+        if t == 1 and isinstance(view.slots, torch.Tensor) and slot_attention_supported(q, cached_keys):
+            # One new position per row: attend to each row's slot in place (the prefix mask is start + 1 keys).
+            view.write(layer_idx, k, v)
+            out = slot_attention(
+                q, cached_keys, view.cache.values[layer_idx], view.slots, view.start + 1, view.kv_len, d**-0.5
+            )
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         keys, values = view.update(layer_idx, k, v)  # (B, KV, kv_len, D)
         # Grouped-query attention without copying keys per head: head h reads kv head h // rep, so the
         # rep heads of a group (consecutive) and their T queries form one (rep*T)-row matmul per kv head.

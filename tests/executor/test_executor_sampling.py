@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from tilevox.executor.sampling import penalize_rows, sample_next_tokens, sample_rows, sample_rows_reference
+from tilevox.executor.sampling import (
+    MIN_CANDIDATES,
+    filter_plan,
+    penalize_rows,
+    sample_next_tokens,
+    sample_rows,
+    sample_rows_reference,
+)
 from tilevox.models.sampling import apply_repetition_penalty
 
 
@@ -43,6 +50,39 @@ def test_a_row_draws_the_same_alone_and_in_any_batch():
         assert int(alone[0]) == int(together[row])
     order = torch.randperm(9, generator=gen)
     assert torch.equal(sample_rows(logits[order], *(p[order] for p in params)), together[order])
+
+
+def test_filter_plan_shortcuts_draw_exactly_the_full_filters():
+    """A top-k of filter_plan's width and no nucleus sort when no row needs it give the very draw of the
+    whole-vocabulary sorts, also with many exact ties at the k-th value (bf16-rounded logits)."""
+    gen = torch.Generator().manual_seed(19)
+    vocab = 5000
+    assert filter_plan([0, 0], [1.0, 1.0], vocab) == (0, False)
+    assert filter_plan([50, 0, 3], [1.0, 0.9, 1.0], vocab) == (MIN_CANDIDATES, True)
+    assert filter_plan([65, 50], [1.0, 1.0], vocab) == (128, False)
+    assert filter_plan([4999], [1.0], vocab) == (None, False)  # a width reaching the vocabulary: sort it all
+    assert filter_plan([vocab + 3, 7], [1.0], vocab) == (MIN_CANDIDATES, False)  # top_k >= vocab is off
+    drawn = 0
+    for top_ks, top_ps in (
+        ([50, 40, 1, 64], [1.0] * 4),
+        ([50, 0, 120, 3], [1.0, 0.9, 0.5, 1.0]),
+        ([0, 0, 0, 0], [1.0] * 4),
+        ([0, 0, 0, 0], [0.7, 1.0, 0.2, 0.99]),
+        ([2500, 10, 0, 4999], [1.0, 1.0, 0.8, 1.0]),
+    ):
+        rows = len(top_ks) * 50
+        logits = (2.0 * torch.randn(rows, vocab, generator=gen)).bfloat16().float()  # ties are common
+        temperature = torch.full((rows,), 0.9)
+        top_k = torch.tensor(top_ks * 50)
+        top_p = torch.tensor(top_ps * 50)
+        seed = torch.randint(0, 2**62, (rows,), generator=gen)
+        counter = torch.arange(rows)
+        candidates, nucleus = filter_plan(top_k.tolist(), top_p.tolist(), vocab)
+        full = sample_rows(logits, temperature, top_k, top_p, seed, counter)
+        planned = sample_rows(logits, temperature, top_k, top_p, seed, counter, candidates=candidates, nucleus=nucleus)
+        assert torch.equal(planned, full), (top_ks, top_ps, candidates, nucleus)
+        drawn += len(set(full.tolist()))
+    assert drawn > 100  # the draws are spread, not one token
 
 
 def test_filters_and_counter():
