@@ -7,8 +7,10 @@
 #   tests EXPR             the GPU tests matching pytest -k EXPR ("": all)
 #   bench NAME MODEL LEVELS MODE SECONDS SERVE_ARGS... --  `tilevox bench` (4 s requests) against a started
 #                          server, cut after SECONDS; open loop at 8 requests/s for 20 s
-#   build MODEL BATCHES    `tilevox build` (graph vs megakernel per region and bucket; carry the kernel library
-#                          trt_plugins/build/libtilevox_kernels.so built here)
+#   build MODEL BATCHES    `tilevox build` (graph vs megakernel per region and bucket) with the kernel library
+#                          built here (`python -m tilevox.trt_plugins.build`), copied to .kernels/ and carried
+#                          (outside trt_plugins/build, so that the parts before it run without fused kernels)
+#   sampling               the sampling draw with and without executor.sampling.filter_plan's shortcuts
 #   pack                   everything in $OUT into results.tgz (a call brings back 8 files at most)
 # Serve flags go after the bench part's SECONDS, e.g. `--cuda-graphs on --graph-prefill on --`.
 # Inductor's cache is not kept between calls (it comes to ~36 MB compressed for Qwen3-TTS-0.6B, above what a
@@ -56,9 +58,11 @@ while [ $# -gt 0 ]; do
       gzip -c "/tmp/bench/$name.server.log" > "$OUT/$name.server.log.gz" ;;
     build)
       model=$1 batches=$2; shift 2
-      export TILEVOX_KERNELS_LIB=${TILEVOX_KERNELS_LIB:-$repo/trt_plugins/build/libtilevox_kernels.so}
-      timeout 400 python3 -m tilevox.server.cli build --model "$model" --batches "$batches" \
+      export TILEVOX_KERNELS_LIB=${TILEVOX_KERNELS_LIB:-$repo/.kernels/libtilevox_kernels.so}
+      timeout 300 python3 -m tilevox.server.cli build --model "$model" --batches "$batches" \
         --out "$OUT/build_${model#random:}" 2>&1 | tail -8 | sed "s|^|build $model: |" | tee -a "$OUT/build.log" ;;
+    sampling)  # benchmarks/sampling_plan.py: the draw with and without filter_plan's shortcuts, CUDA graphs
+      timeout 120 python3 -m benchmarks.sampling_plan --out "$OUT/sampling_plan.json" 2>&1 | tee "$OUT/sampling.log" ;;
     pack)  # everything so far into one archive (a call brings back 8 files at most)
       (cd "$OUT" && tar czf results.tgz --exclude results.tgz --remove-files -- *) ;;
     *) echo "unknown part $part" >&2; exit 2 ;;

@@ -81,6 +81,8 @@ def test_not_supported_on_cpu_or_fp32():
         (9, 8, 1024, 64, 32, [8, 3, 1, 0, 7, 4, 6, 5, 2] * 4 + [3], None),
         (4, 8, 513, 128, 16, [3, 1], [513, 9]),
         (3, 1, 2048, 128, 14, [2], [1999]),
+        (6, 2, 300, 16, 4, [4, 3, 2], [45, 6, 18]),  # llama-tiny's heads
+        (5, 4, 77, 32, 8, [0, 4, 1, 3], [77, 1, 30, 64]),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -125,6 +127,10 @@ def test_llama_decode_with_slot_attention_matches_the_gathered_form(monkeypatch)
     generator = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 1000, (n,), generator=generator) for n in (5, 40, 17)]
 
+    # Teacher-forced: the same tokens go in on both paths (fed-back argmaxes of a random model would
+    # split at the first near-tie and compare different sequences).
+    forced = torch.randint(0, 1000, (6, 3), generator=generator).cuda()
+
     def run(slot_path: bool) -> list[torch.Tensor]:
         if not slot_path:
             monkeypatch.setattr("tilevox.models.llama.model.slot_attention_supported", lambda q, k: False)
@@ -132,16 +138,11 @@ def test_llama_decode_with_slot_attention_matches_the_gathered_form(monkeypatch)
         slots = [cache.allocate() for _ in range(5)][2:]  # slots 2, 3, 4: not row indices
         for slot, prompt in zip(slots, prompts):
             llama.prefill(cache, slot, prompt.cuda())
-        outputs = []
-        tokens = torch.tensor([11, 22, 33], device="cuda")
-        for _ in range(6):
-            logits = llama.decode(cache, slots[::-1], tokens.flip(0))
-            outputs.append(logits.float())
-            tokens = logits.argmax(-1).flip(0)
+        outputs = [llama.decode(cache, slots[::-1], tokens).float() for tokens in forced]
         monkeypatch.undo()
         return outputs
 
     with torch.inference_mode():
         slot_outputs, gathered_outputs = run(True), run(False)
-    for got, want in zip(slot_outputs, gathered_outputs):
-        torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
+    for step, (got, want) in enumerate(zip(slot_outputs, gathered_outputs)):
+        assert (got - want).abs().max() < 5e-2 * want.abs().max(), f"step {step}"
