@@ -323,6 +323,13 @@ def _add_serve(subparsers) -> None:
     p.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds active streams get to finish after SIGTERM"
     )
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="the interpreter's thread switch interval (sys.setswitchinterval) while serving: how long the model "
+        "worker may wait for the GIL while the event loop sends audio (default: Python's, 5 ms)",
+    )
     _add_model_options(p)
     p.set_defaults(handler=_run_serve)
 
@@ -364,6 +371,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         raise CommandError(f"--max-streams must be >= 1, got {args.max_streams}")
     if args.max_queued is not None and args.max_queued < 0:
         raise CommandError(f"--max-queued must be >= 0, got {args.max_queued}")
+    if args.switch_interval_ms is not None and not args.switch_interval_ms > 0:
+        raise CommandError(f"--switch-interval-ms must be > 0, got {args.switch_interval_ms}")
     api_key = _api_key(args)
     if args.model is None:
         print(f"tilevox: no --model given: serving {DEFAULT_MODEL} (random weights, noise) on CPU", file=sys.stderr)
@@ -427,6 +436,8 @@ def _run_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000.0)
     serve(config, model, ports=ports, on_ready=on_ready)
     return 0
 
