@@ -7,6 +7,7 @@ import json
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
         ([], {"TILEVOX_API_KEY": ""}, "TILEVOX_API_KEY is empty"),
         (["--max-streams", "0"], {}, "--max-streams must be >= 1, got 0"),
         (["--max-streams", "-3"], {}, "--max-streams must be >= 1"),
+        (["--switch-interval-ms", "0"], {}, "--switch-interval-ms must be > 0, got 0.0"),
+        (["--switch-interval-ms", "nan"], {}, "--switch-interval-ms must be > 0, got nan"),
     ],
 )
 def test_bad_options_fail_before_the_model_loads(argv, env, message, capsys, monkeypatch):
@@ -143,3 +146,15 @@ def test_an_unexpected_error_shows_its_cause_and_exits_1(capsys, monkeypatch):
     )
     err = capsys.readouterr().err
     assert "internal error: RuntimeError: CUDA error: an illegal memory access" in err and "caused by OSError" in err
+
+
+def test_switch_interval_is_set_while_serving(monkeypatch):
+    seen = []
+    monkeypatch.setattr("tilevox.server.app.serve", lambda *a, **k: seen.append(sys.getswitchinterval()))
+    previous = sys.getswitchinterval()
+    try:
+        argv = ["serve", "--model", "random:llama-tiny", "--device", "cpu", "--http-port", "0", "--grpc-port", "0"]
+        assert main([*argv, "--switch-interval-ms", "0.5"]) == 0
+    finally:
+        sys.setswitchinterval(previous)
+    assert seen == [pytest.approx(0.0005)]
