@@ -712,14 +712,22 @@ def _run_build(args: argparse.Namespace) -> int:
 
 
 def _commit() -> str:
-    """The checkout's commit for the plan's provenance (`unknown` outside a git checkout)."""
+    """The source's commit for the plan's provenance: $TILEVOX_COMMIT where a copy's git metadata is not its
+    source's (a device copy), else the checkout's, with `-dirty` when files differ from it (`unknown`
+    outside a git checkout)."""
+    import os
     import shutil
     import subprocess
 
+    if os.environ.get("TILEVOX_COMMIT"):
+        return os.environ["TILEVOX_COMMIT"]
     if shutil.which("git") is None:
         return "unknown"
     out = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).resolve().parent
+        ["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent,
     )
     return out.stdout.strip() if out.returncode == 0 else "unknown"
 

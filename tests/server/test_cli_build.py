@@ -5,7 +5,10 @@ bucket; plans from another machine, or with --megakernel, are refused with a usa
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
+import pytest
 import soundfile
 import torch
 
@@ -17,6 +20,8 @@ from tilevox.models.llasa.loader import load_preset as load_llasa
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest
 from tilevox.server.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_build_profiles_both_backends_and_writes_a_plan_synth_follows(tmp_path, capsys):
@@ -109,3 +114,20 @@ def test_build_draws_the_timelines_of_the_chosen_megakernel_pieces(tmp_path, mon
     assert all(p.backend is Backend.MEGAKERNEL for b in plan.buckets for p in b.composition.pieces)
     drawn = sorted(p.name for p in out.glob("timeline_*.png"))
     assert drawn == [f"timeline_{r}_b{b}.png" for r in ("code_predictor_loop", "talker_step") for b in (1, 2)]
+
+
+def test_plan_commit_names_the_source(monkeypatch):
+    """A device copy's git metadata may be stale: $TILEVOX_COMMIT names the source; a checkout names its
+    HEAD, marked -dirty when files differ from it."""
+    from tilevox.server.cli import _commit
+
+    monkeypatch.setenv("TILEVOX_COMMIT", "abc1234")
+    assert _commit() == "abc1234"
+    monkeypatch.delenv("TILEVOX_COMMIT")
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    if head.returncode:
+        pytest.skip("not a git checkout")
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=REPO
+    )
+    assert _commit() == head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
