@@ -12,7 +12,8 @@ The code-predictor loop samples every head inside its graph with executor.sampli
 counter-based draw: stream seed, frame x (Q-1) + head), so its draws never depend on the batch; token
 sampling (the models' executor region) draws every stream's next token the same way (stream seed,
 SAMPLING_COUNTER_BASE + token index) after batched penalties. The Qwen3-TTS codec decode gathers its
-rows' states from the model's slot-indexed pool, decodes and scatters them back inside its graph.
+rows' states from the model's slot-indexed pool, decodes and scatters them back inside its graph; Llasa's
+XCodec2 block decode pads every due window to the next multiple of WINDOW_BUCKET frames (masked per row).
 
 `GraphOptions(compile=True)` compiles each backend's function with torch.compile (Inductor, fullgraph)
 before its first capture; batch rows and key/history lengths are marked dynamic (a length enters as the
@@ -36,6 +37,7 @@ import torch
 from tilevox.executor.sampling import filter_plan, sample_next_tokens, sample_rows
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.region_backends import (
+    CHUNK_DECODE,
     CODE_PREDICTOR_LOOP,
     CODEC_DECODE,
     DECODER_PREFILL,
@@ -53,12 +55,14 @@ from tilevox.models.region_backends import (
 
 __all__ = [
     "BATCH_BUCKETS",
+    "WINDOW_BUCKET",
     "GRAPH_BACKENDS",
     "LOGGER_NAME",
     "MIN_HISTORY_BUCKET",
     "MIN_KEY_BUCKET",
     "MIN_PROMPT_BUCKET",
     "GraphOptions",
+    "GraphedChunkDecode",
     "GraphedCodePredictorLoop",
     "GraphedCodecDecode",
     "GraphedDecoderPrefill",
@@ -78,6 +82,7 @@ log = logging.getLogger(LOGGER_NAME)
 BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_KEY_BUCKET = 256
 MIN_HISTORY_BUCKET = 64
+WINDOW_BUCKET = 64  # frames of a captured XCodec2 window decode: multiples of this
 MIN_PROMPT_BUCKET = 32  # prompt lengths of a captured prefill: powers of two from here, capped at the cache
 RECOMPILE_LIMIT = 32  # compilations per region function under GraphOptions(compile=True), all models together
 
@@ -529,6 +534,37 @@ class GraphedCodecDecode(_GraphBackend):
         return wav[:batch].clone()
 
 
+class GraphedChunkDecode(_GraphBackend):
+    """XCodec2Decoder.decode_windows of G right-padded windows (the ChunkDecodeBackend protocol): one graph
+    per (batch bucket, frames rounded up to a multiple of WINDOW_BUCKET). The decode is masked per row, so
+    the extra frames (code 0) and padding rows (copies of row 0) change no row's samples."""
+
+    name = CHUNK_DECODE
+
+    def __init__(self, decoder: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
+        super().__init__(decoder, options)
+        self.decoder = decoder
+        self._run_decode = self._compiled(decoder.decode_windows)
+
+    def __call__(self, codes: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        batch, frames = codes.shape
+        if batch > self.options.max_batch:
+            self._fallback(f"batch {batch} above max_batch {self.options.max_batch}")
+            return self.decoder.decode_windows(codes, lengths)
+        bucket, index = self._rows(batch)
+        width = -(-frames // WINDOW_BUCKET) * WINDOW_BUCKET
+        padded = torch.nn.functional.pad(codes.to(torch.int64), (0, width - frames))
+        self.keys_used.add((bucket, width))
+        wav = self.graphs.run(
+            (bucket, width),
+            self._run_decode,
+            {"codes": padded[index], "lengths": lengths.to(torch.int64)[index]},
+            dynamic={"codes": (0,), "lengths": (0,)},  # widths compile apart (a few multiples of 64)
+        )
+        self.num_graph_calls += 1
+        return wav[:batch, : frames * self.decoder.hop_samples].clone()
+
+
 class GraphedTokenSampling(_GraphBackend):
     """The next token of each row (the TokenSamplingBackend protocol) with executor.sampling's batched,
     counter-based draw: one graph per (batch bucket, history bucket) instead of a loop over rows with a
@@ -596,6 +632,7 @@ GRAPH_BACKENDS: dict[str, type[_GraphBackend]] = {
     TOKEN_SAMPLING: GraphedTokenSampling,
     TALKER_PREFILL: GraphedTalkerPrefill,
     DECODER_PREFILL: GraphedDecoderPrefill,
+    CHUNK_DECODE: GraphedChunkDecode,
 }
 # Regions captured only when GraphOptions asks for them (not yet measured on a GPU).
 OPT_IN: dict[str, str] = {TALKER_PREFILL: "prefill", DECODER_PREFILL: "prefill"}

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from tilevox.models.qwen3_tts.speech_tokenizer.decoder import DecoderState
 
 __all__ = [
+    "CHUNK_DECODE",
     "CODEC_DECODE",
     "CODE_PREDICTOR_LOOP",
     "DECODER_PREFILL",
@@ -38,6 +39,7 @@ __all__ = [
     "TALKER_PREFILL",
     "TALKER_STEP",
     "TOKEN_SAMPLING",
+    "ChunkDecodeBackend",
     "CodePredictorLoopBackend",
     "CodecDecodeBackend",
     "DecoderPrefillBackend",
@@ -63,11 +65,12 @@ CODEC_DECODE = "codec_decode"  # Qwen3-TTS: incremental codec decode of new fram
 TOKEN_SAMPLING = "token_sampling"  # the next token of each stream from its logits (penalties, filters, draw)
 TALKER_PREFILL = "talker_prefill"  # Qwen3-TTS: one batched talker forward of right-padded prompts from position 0
 DECODER_PREFILL = "decoder_prefill"  # Llasa: one batched Llama forward of prompts into empty slots -> logits
+CHUNK_DECODE = "chunk_decode"  # Llasa: one XCodec2 decode of every stream's due block, windows right-padded
 
 LLASA_REGIONS: tuple[str, ...] = (DECODER_STEP,)
 QWEN3_TTS_REGIONS: tuple[str, ...] = (TALKER_STEP, CODE_PREDICTOR_LOOP)
 QWEN3_TTS_EXECUTOR_REGIONS: tuple[str, ...] = (CODEC_DECODE, TOKEN_SAMPLING, TALKER_PREFILL)
-LLASA_EXECUTOR_REGIONS: tuple[str, ...] = (TOKEN_SAMPLING, DECODER_PREFILL)
+LLASA_EXECUTOR_REGIONS: tuple[str, ...] = (TOKEN_SAMPLING, DECODER_PREFILL, CHUNK_DECODE)
 # A token-sampling backend that draws on the device uses counters from here on (the stream's token index
 # added), so its draws never meet the code predictor's (frame x heads + head, far below) for one seed.
 SAMPLING_COUNTER_BASE = 1 << 31
@@ -141,6 +144,13 @@ class CodecDecodeBackend(Protocol):
     def __call__(self, codes: torch.Tensor, pool: DecoderState, slots: torch.Tensor) -> torch.Tensor: ...
 
 
+class ChunkDecodeBackend(Protocol):
+    """As XCodec2Decoder.decode_windows: right-padded code windows (G, T) int64 and their frame counts (G,)
+    int64 on the device -> (G, T * hop) float32, row g's first lengths[g] * hop samples its window's."""
+
+    def __call__(self, codes: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingRows:
     """Per-row sampling of a batch of streams' next tokens, as models.sampling.sample_tokens does it with
@@ -202,6 +212,7 @@ _CALL_BATCH = {
     TOKEN_SAMPLING: lambda logits, rows: logits.shape[0],
     TALKER_PREFILL: lambda inputs, view, last: inputs.shape[0],
     DECODER_PREFILL: lambda cache, slots, prompts: len(slots),
+    CHUNK_DECODE: lambda codes, lengths: codes.shape[0],
 }
 
 

@@ -4,7 +4,7 @@
 slot and a length. `LlamaForCausalLM.prefill` appends a prompt to one slot, `decode` appends one token
 to each of several slots that sit at different positions (keys past a stream's own position are
 masked). Module and parameter names equal transformers' so checkpoints load by name.
-Imports: torch, models.layers and models.llama.config only.
+Imports: torch, models.{layers,host_copy,decoder_view} and models.llama.config only.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from tilevox.models.decoder_view import DecoderView, LayerWeights, ModelFamily
+from tilevox.models.host_copy import to_device
 from tilevox.models.layers import GatedMLP, RMSNorm, gather_keys, slot_attention, slot_attention_supported
 from tilevox.models.llama.config import LlamaConfig
 
@@ -352,8 +353,9 @@ class LlamaForCausalLM(nn.Module):
         each slot's length, where attention never looks and where decoding writes before it reads."""
         tokens, lengths = self.prompt_batch(cache, slots, prompts)
         device = self.device
-        last = torch.tensor(lengths, device=device) - 1
-        logits = self.prefill_tokens(tokens, cache, torch.tensor([int(s) for s in slots], device=device), last)
+        last = to_device(lengths, dtype=torch.long, device=device) - 1
+        slot_t = to_device([int(s) for s in slots], dtype=torch.long, device=device)
+        logits = self.prefill_tokens(tokens, cache, slot_t, last)
         for slot, length in zip(slots, lengths):
             cache.lengths[int(slot)] = length
         return logits
@@ -408,8 +410,8 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"KV cache slot {slot} is full ({cache.max_seq_len} positions)")
         device = self.device
         position_list = [cache.lengths[s] for s in slots]
-        positions = torch.tensor(position_list, device=device)[:, None]  # (B, 1)
-        slot_t = torch.tensor(slots, device=device)
+        positions = to_device(position_list, dtype=torch.long, device=device)[:, None]  # (B, 1)
+        slot_t = to_device(slots, dtype=torch.long, device=device)
         hidden = self.forward(token_ids.to(device)[:, None], cache, slot_t, positions, max(position_list) + 1)
         for slot in slots:
             cache.lengths[slot] += 1

@@ -2,7 +2,9 @@
 
 Each stream owns one KV cache slot, one torch.Generator and one XCodec2 streaming decoder. A step
 samples one token per listed stream from its pending logits, turns speech tokens into audio (one
-token = one 20 ms XCodec2 frame) and runs ONE batched Llama decode for the streams that go on.
+token = one 20 ms XCodec2 frame; every stream's due block in ONE codec call) and runs ONE batched Llama
+decode for the streams that go on. Both are launched before the step waits for the codec's samples,
+so the host emits audio while the GPU runs the next decode.
 Imports: torch, numpy, models.{errors,sampling,streaming,region_backends,llama,xcodec2,llasa.tokenizer}.
 """
 
@@ -21,11 +23,13 @@ from tilevox.models.errors import RequestError
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.llasa.tokenizer import LlasaTokenizer
 from tilevox.models.region_backends import (
+    CHUNK_DECODE,
     DECODER_PREFILL,
     DECODER_STEP,
     LLASA_EXECUTOR_REGIONS,
     LLASA_REGIONS,
     TOKEN_SAMPLING,
+    ChunkDecodeBackend,
     DecoderPrefillBackend,
     DecoderStepBackend,
     TokenSamplingBackend,
@@ -34,7 +38,7 @@ from tilevox.models.region_backends import (
 from tilevox.models.sampling import SamplingParams, make_generator
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 from tilevox.models.xcodec2.model import XCodec2Decoder
-from tilevox.models.xcodec2.streaming import XCodec2StreamDecoder, push_many
+from tilevox.models.xcodec2.streaming import XCodec2StreamDecoder, start_push_many
 
 __all__ = ["DEFAULT_VOICE", "LlasaModel", "StreamCapacityError", "llasa_region_modules"]
 
@@ -80,10 +84,10 @@ class LlasaModel(SpeechModel):
     # Regions another executor may run (models.region_backends): the per-step batched decode.
     region_names = LLASA_REGIONS
 
-    executor_region_names = LLASA_EXECUTOR_REGIONS  # token sampling and the batched prefill
+    executor_region_names = LLASA_EXECUTOR_REGIONS  # token sampling, the batched prefill, the codec's blocks
 
     def executor_region_modules(self) -> dict[str, torch.nn.Module]:
-        return {TOKEN_SAMPLING: self.llama.lm_head, DECODER_PREFILL: self.llama}
+        return {TOKEN_SAMPLING: self.llama.lm_head, DECODER_PREFILL: self.llama, CHUNK_DECODE: self.codec}
 
     def region_modules(self) -> dict[str, torch.nn.Module]:
         return llasa_region_modules(self.llama)
@@ -147,6 +151,7 @@ class LlasaModel(SpeechModel):
         self.decoder_step_backend: DecoderStepBackend | None = None
         self.token_sampling_backend: TokenSamplingBackend | None = None
         self.decoder_prefill_backend: DecoderPrefillBackend | None = None  # llama.prefill_many
+        self.chunk_decode_backend: ChunkDecodeBackend | None = None  # codec.decode_windows
 
     # ---- SpeechModel interface -------------------------------------------------------------
 
@@ -272,33 +277,30 @@ class LlasaModel(SpeechModel):
             token_list = tokens.tolist()
         chunks: list[AudioChunk | None] = [None] * len(ids)
         pushed: list[int] = []  # batch rows whose token goes to their codec
+        stopped: list[int] = []  # batch rows that drew the end token
         for row, (stream_id, stream, token) in enumerate(zip(ids, streams, token_list)):
             if self.token_observer is not None:
                 self.token_observer(stream_id, token)
             if token == self.tokenizer.speech_end_id:
-                chunks[row] = AudioChunk(stream_id, stream.codec.flush(), 0, FinishReason.STOP)
-                self._release(stream_id)
+                stopped.append(row)  # its codec's tail is decoded after this step's launches
                 continue
-            stream.generated[stream.num_generated] = tokens[row]
             stream.num_generated += 1
             pushed.append(row)
+        for row in pushed:  # the new token into the stream's history (device to device)
+            stream = streams[row]
+            stream.generated[stream.num_generated - 1] = tokens[row]
         with record_function("tilevox.codec_decode"):
-            # Every stream's due blocks in one decoder call per window length. The logit mask admits
-            # speech tokens (and the end token, handled above) only, so the codes need no range check.
+            # Every stream's due blocks in one decoder call (windows right-padded and masked). The logit
+            # mask admits speech tokens (and the end token, handled above) only, so the codes need no
+            # range check. Launched now, waited for after the decoder step is launched.
             codes = tokens - self.tokenizer.speech_offset
-            audio = push_many(
-                [streams[row].codec for row in pushed], [codes[row : row + 1] for row in pushed], check_range=False
+            pending = start_push_many(
+                [streams[row].codec for row in pushed],
+                [codes[row : row + 1] for row in pushed],
+                check_range=False,
+                decode=self.chunk_decode_backend,
             )
-        going_on: list[int] = []  # batch rows that continue to the decode below
-        for row, samples in zip(pushed, audio, strict=True):
-            stream_id, stream = ids[row], streams[row]
-            if stream.num_generated >= stream.max_new_tokens:
-                samples = np.concatenate([samples, stream.codec.flush()])
-                chunks[row] = AudioChunk(stream_id, samples, 1, FinishReason.LENGTH)
-                self._release(stream_id)
-                continue
-            chunks[row] = AudioChunk(stream_id, samples, 1)
-            going_on.append(row)
+        going_on = [row for row in pushed if streams[row].num_generated < streams[row].max_new_tokens]
         if going_on:
             slots = [streams[row].slot for row in going_on]
             decode = self.decoder_step_backend or self.llama.decode
@@ -306,6 +308,21 @@ class LlasaModel(SpeechModel):
                 next_logits = decode(self._cache, slots, tokens[going_on])  # (B', V), one batched call
             for out_row, row in enumerate(going_on):
                 streams[row].pending_logits = next_logits[out_row]
+        for row in stopped:
+            chunks[row] = AudioChunk(
+                ids[row], streams[row].codec.flush(self.chunk_decode_backend), 0, FinishReason.STOP
+            )
+            self._release(ids[row])
+        with record_function("tilevox.codec_wait"):
+            audio = pending.finish()
+        for row, samples in zip(pushed, audio, strict=True):
+            stream_id, stream = ids[row], streams[row]
+            if stream.num_generated >= stream.max_new_tokens:
+                samples = np.concatenate([samples, stream.codec.flush(self.chunk_decode_backend)])
+                chunks[row] = AudioChunk(stream_id, samples, 1, FinishReason.LENGTH)
+                self._release(stream_id)
+                continue
+            chunks[row] = AudioChunk(stream_id, samples, 1)
         missing = [ids[row] for row, chunk in enumerate(chunks) if chunk is None]
         if missing:
             raise RuntimeError(f"step produced no chunk for streams {missing}")

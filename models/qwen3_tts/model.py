@@ -21,6 +21,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from tilevox.models.errors import RequestError
+from tilevox.models.host_copy import to_device, to_host
 from tilevox.models.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig, TtsModelType
 from tilevox.models.qwen3_tts.layers import CacheView, KVCache
 from tilevox.models.qwen3_tts.prompt import PromptSpec, TextLayout, build_layout, embed_layout
@@ -405,14 +406,14 @@ class Qwen3TTSSpeechModel(SpeechModel):
                 inputs[row, : lengths[row]] = p.prefill
             view = CacheView(
                 cache=self.cache,
-                slots=torch.tensor(slots, device=self.device),
+                slots=to_device(slots, dtype=torch.long, device=self.device),
                 start=torch.zeros(len(prepared), dtype=torch.long, device=self.device),
                 kv_len=longest,
                 write_offset=0,
             )
             prefill = self.talker_prefill_backend or self.talker.forward_prompts
             with record_function("tilevox.prefill"):
-                hidden, logits = prefill(inputs, view, torch.tensor(lengths, device=self.device) - 1)
+                hidden, logits = prefill(inputs, view, to_device(lengths, dtype=torch.long, device=self.device) - 1)
             streams = []
             for row, (p, slot) in enumerate(zip(prepared, slots)):
                 streams.append(
@@ -528,6 +529,17 @@ class Qwen3TTSSpeechModel(SpeechModel):
                 )
                 rest = self.code_predictor_loop_backend(hidden, code0_embedding, choose, rows)
         frames = torch.cat((code0[:, None], rest), dim=1)  # (B, Q)
+        for row, s in enumerate(streams):
+            s.pending_frames.append(frames[row])
+            if self.frame_observer is not None:
+                self.frame_observer(s.stream_id, frames[row].clone())
+        # With audio every frame (the default, exact decode) every stream decodes its new frame whatever it
+        # samples next: launched now, ahead of the talker step, and read after the step's one wait.
+        decode_now = self.options.audio_every_frames == 1 and self.options.decode_mode == "exact"
+        launched = []
+        if decode_now:
+            with record_function("tilevox.codec_decode"):
+                launched = self._launch_decode(streams)
         text_rows = torch.stack(
             [
                 s.trailing_text[s.num_steps] if s.num_steps < s.trailing_text.shape[0] else self._tts_pad_embed
@@ -535,10 +547,10 @@ class Qwen3TTSSpeechModel(SpeechModel):
             ]
         )  # (B, H)
         inputs = self.talker.embed_frame(frames) + text_rows  # (B, H)
-        start = torch.tensor([s.position for s in streams], device=self.device)
+        start = to_device([s.position for s in streams], dtype=torch.long, device=self.device)
         view = CacheView(
             cache=self.cache,
-            slots=torch.tensor([s.slot for s in streams], device=self.device),
+            slots=to_device([s.slot for s in streams], dtype=torch.long, device=self.device),
             start=start,
             kv_len=max(s.position for s in streams) + 1,
         )
@@ -547,7 +559,10 @@ class Qwen3TTSSpeechModel(SpeechModel):
             new_hidden, logits = forward(inputs[:, None], view)
         with record_function("tilevox.talker_sampling"):
             next_code0 = self._sample_talker(streams, logits)
-            is_eos = (next_code0 == self._eos).tolist()
+            eos_host = to_host(next_code0 == self._eos)
+        with record_function("tilevox.host_wait"):  # the step's one wait: EOS flags and the new samples
+            _synchronize(self.device)
+        is_eos = eos_host.tolist()
 
         finish: list[FinishReason | None] = []
         for row, s in enumerate(streams):
@@ -555,23 +570,23 @@ class Qwen3TTSSpeechModel(SpeechModel):
             s.code0 = next_code0[row]
             s.position += 1
             s.num_steps += 1
-            s.pending_frames.append(frames[row])
-            if self.frame_observer is not None:
-                self.frame_observer(s.stream_id, frames[row].clone())
             if is_eos[row]:
                 finish.append(FinishReason.STOP)
             elif s.num_generated >= s.max_tokens:
                 finish.append(FinishReason.LENGTH)
             else:
                 finish.append(None)
-        with record_function("tilevox.codec_decode"):
-            audio = self._decode_pending(
-                [
-                    s
-                    for s, f in zip(streams, finish)
-                    if f is not None or len(s.pending_frames) >= self.options.audio_every_frames
-                ]
-            )
+        if not decode_now:
+            with record_function("tilevox.codec_decode"):
+                launched = self._launch_decode(
+                    [
+                        s
+                        for s, f in zip(streams, finish)
+                        if f is not None or len(s.pending_frames) >= self.options.audio_every_frames
+                    ]
+                )
+                _synchronize(self.device)
+        audio = self._collect(launched)
         chunks = {}
         for s, f in zip(streams, finish):
             samples = audio.get(s.stream_id, np.zeros(0, dtype=np.float32))
@@ -585,11 +600,12 @@ class Qwen3TTSSpeechModel(SpeechModel):
         empty = np.zeros(0, dtype=np.float32)
         return AudioChunk(stream_id=stream_id, samples=empty, num_new_frames=0, finish_reason=FinishReason.LENGTH)
 
-    def _decode_pending(self, streams: Sequence[_Stream]) -> dict[int, np.ndarray]:
-        """Incremental decode of each stream's pending frames. Exact mode: streams with the same number
-        of pending frames decode as one batch from their rows of the codec-state pool (the codec_decode
-        region); official_chunked: one stream at a time (ChunkedDecoderState)."""
-        out: dict[int, np.ndarray] = {}
+    def _launch_decode(self, streams: Sequence[_Stream]) -> list[tuple[list[_Stream], torch.Tensor]]:
+        """Launch the incremental decode of each stream's pending frames: (streams, their samples) per call,
+        the samples a host copy valid once the device is synchronised (see _collect). Exact mode: streams
+        with the same number of pending frames decode as one batch from their rows of the codec-state pool
+        (the codec_decode region); official_chunked: one stream at a time (ChunkedDecoderState)."""
+        launched: list[tuple[list[_Stream], torch.Tensor]] = []
         by_count: dict[int, list[_Stream]] = {}
         for s in streams:
             if s.pending_frames:
@@ -603,11 +619,25 @@ class Qwen3TTSSpeechModel(SpeechModel):
             if self.options.decode_mode == "official_chunked":
                 wav = self.codec_decoder.decode_incremental_chunked(codes, group[0].decoder_state)
             else:
-                slots = torch.tensor([s.slot for s in group], device=self.device)
+                slots = to_device([s.slot for s in group], dtype=torch.long, device=self.device)
                 decode = self.codec_decode_backend or self.codec_decoder.decode_slots
                 wav = decode(codes, self._codec_pool, slots)
-            wav = wav.float().cpu().numpy()
-            for row, s in enumerate(group):
-                out[s.stream_id] = wav[row]
+            launched.append((group, to_host(wav.float())))
+            for s in group:
                 s.pending_frames = []
+        return launched
+
+    @staticmethod
+    def _collect(launched: list[tuple[list[_Stream], torch.Tensor]]) -> dict[int, np.ndarray]:
+        """Stream id -> its samples, from _launch_decode's host copies (after a synchronisation)."""
+        out: dict[int, np.ndarray] = {}
+        for group, wav in launched:
+            samples = wav.numpy()
+            for row, s in enumerate(group):
+                out[s.stream_id] = samples[row]
         return out
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()

@@ -3,7 +3,11 @@
 Pipeline (as xcodec2 0.1.5's `XCodec2Model.decode_code`): FSQ index -> per-dim levels ->
 `quantizer.project_out` -> `fc_post_a` -> Vocos-style backbone (conv embed, 2 ResNet blocks,
 pre-norm transformer blocks, 2 ResNet blocks, LayerNorm) -> ISTFT head with "same" padding.
-T frames give exactly T * hop samples. Imports: torch and models.xcodec2.config only.
+T frames give exactly T * hop samples. `decode_windows` decodes a batch of right-padded windows of
+different lengths in one call, each row as if alone: a frame mask keeps the padding out of everything
+that mixes frames (zeroed before each convolution, as its own zero padding; left out of GroupNorm's
+statistics and attention's keys; no ISTFT frames and no window envelope there). Imports: torch and
+models.xcodec2.config only.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from torch import nn
 
 from tilevox.models.xcodec2.config import XCodec2Config
 
-__all__ = ["XCodec2Decoder", "fsq_indices_to_codes"]
+__all__ = ["XCodec2Decoder", "fsq_indices_to_codes", "masked_group_norm"]
 
 
 def fsq_indices_to_codes(indices: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
@@ -57,11 +61,13 @@ class Attention(nn.Module):
         self.c_attn = nn.Linear(dim, 3 * dim, bias=False, device=device, dtype=dtype)
         self.c_proj = nn.Linear(dim, dim, bias=False, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """mask: (B, T) bool, True at real frames (keys outside it are not attended), or None."""
         batch, num_frames, dim = x.shape
         qkv = self.c_attn(x).view(batch, num_frames, 3, self.num_heads, dim // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, head_dim)
-        y = F.scaled_dot_product_attention(q, k, v)  # (B, heads, T, head_dim)
+        keys = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keys)  # (B, heads, T, head_dim)
         y = y.transpose(1, 2).reshape(batch, num_frames, dim)  # (B, T, D)
         return self.c_proj(y)
 
@@ -84,8 +90,8 @@ class TransformerBlock(nn.Module):
         self.att = Attention(dim, num_heads, device=device, dtype=dtype)
         self.mlp = MLP(dim, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.att(self.att_norm(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.att(self.att_norm(x), mask)
         return x + self.mlp(self.ffn_norm(x))
 
 
@@ -104,10 +110,40 @@ class ResnetBlock(nn.Module):
         self.norm2 = nn.GroupNorm(num_groups, dim, eps=1e-6, **kw)
         self.conv2 = nn.Conv1d(dim, dim, kernel_size=3, padding=1, **kw)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """mask: (B, 1, T) bool, True at real frames, or None. With a mask, GroupNorm's statistics
+        pool real frames only and each convolution sees zeros past a row's end, as it would alone;
+        the output past the end is not meaningful."""
+        if mask is None:
+            h = self.conv1(F.silu(self.norm1(x)))
+            h = self.conv2(F.silu(self.norm2(h)))
+            return x + h
+        h = self.conv1(_masked(F.silu(masked_group_norm(self.norm1, x, mask)), mask))
+        h = self.conv2(_masked(F.silu(masked_group_norm(self.norm2, h, mask)), mask))
         return x + h
+
+
+def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x (B, C, T) with zeros where mask (B, 1, T) is False (a select, so padding never spreads a nan)."""
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_group_norm(norm: nn.GroupNorm, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """nn.GroupNorm of each row's real frames: statistics (fp32, biased variance) over each group's
+    channels and the frames where mask (B, 1, T) is True, then the affine map; x (B, C, T)."""
+    batch, channels, frames = x.shape
+    groups = norm.num_groups
+    xf = x.float().view(batch, groups, channels // groups, frames)
+    keep = mask.view(batch, 1, 1, frames)
+    count = keep.sum(dim=(2, 3), keepdim=True).clamp_min(1) * (channels // groups)  # (B, 1, 1, 1)
+    xf = torch.where(keep, xf, 0.0)
+    mean = xf.sum(dim=(2, 3), keepdim=True) / count  # (B, G, 1, 1)
+    centred = torch.where(keep, xf - mean, 0.0)
+    var = centred.square().sum(dim=(2, 3), keepdim=True) / count
+    y = (centred * torch.rsqrt(var + norm.eps)).view(batch, channels, frames)
+    if norm.affine:
+        y = y * norm.weight.float()[:, None] + norm.bias.float()[:, None]
+    return y.to(x.dtype)
 
 
 class Backbone(nn.Module):
@@ -129,11 +165,24 @@ class Backbone(nn.Module):
         )
         self.final_layer_norm = nn.LayerNorm(dim, eps=1e-6, **kw)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.prior_net(self.embed(x.transpose(1, 2)))  # (B, D, T)
-        x = self.transformers(x.transpose(1, 2))  # (B, T, D)
-        x = self.post_net(x.transpose(1, 2)).transpose(1, 2)  # (B, T, D)
-        return self.final_layer_norm(x)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, D); mask (B, T) bool, True at real frames (right padding), or None."""
+        if mask is None:
+            x = self.prior_net(self.embed(x.transpose(1, 2)))  # (B, D, T)
+            x = self.transformers(x.transpose(1, 2))  # (B, T, D)
+            x = self.post_net(x.transpose(1, 2)).transpose(1, 2)  # (B, T, D)
+            return self.final_layer_norm(x)
+        frames = mask[:, None, :]  # (B, 1, T)
+        x = self.embed(_masked(x.transpose(1, 2), frames))  # (B, D, T)
+        for block in self.prior_net:
+            x = block(x, frames)
+        x = x.transpose(1, 2)  # (B, T, D)
+        for block in self.transformers:
+            x = block(x, mask)
+        x = x.transpose(1, 2)  # (B, D, T)
+        for block in self.post_net:
+            x = block(x, frames)
+        return self.final_layer_norm(x.transpose(1, 2))
 
 
 class XCodec2Decoder(nn.Module):
@@ -174,11 +223,13 @@ class XCodec2Decoder(nn.Module):
         fsq = fsq_indices_to_codes(codes, self.fsq_levels).to(self.dtype)  # (B, T, num_fsq_dims)
         return self.fc_post_a(self.fsq_project_out(fsq))
 
-    def istft(self, spec_real: torch.Tensor, spec_imag: torch.Tensor) -> torch.Tensor:
+    def istft(self, spec_real: torch.Tensor, spec_imag: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """ "Same"-padded ISTFT of (B, n_fft/2 + 1, T) fp32 parts -> (B, T * hop).
 
         Overlap-adds windowed frames, trims (n_fft - hop)/2 samples at each end and divides by
         the summed squared window; the ends see fewer frames, so the envelope is smaller there.
+        mask (B, T) bool, True at real frames: padding frames add nothing (the parts must be zero
+        there) and each row's envelope ends where its frames do; samples past a row's end are zero.
         """
         cfg = self.config
         num_frames = spec_real.shape[-1]
@@ -188,9 +239,15 @@ class XCodec2Decoder(nn.Module):
         fold = dict(output_size=(1, full_len), kernel_size=(1, cfg.n_fft), stride=(1, cfg.hop_samples))
         y = F.fold(frames, **fold)[:, 0, 0, :]  # (B, full_len)
         window_sq = self.window.square()[None, :, None].expand(1, cfg.n_fft, num_frames)  # (1, n_fft, T)
-        envelope = F.fold(window_sq, **fold)[0, 0, 0, :]  # (full_len,)
         pad = cfg.istft_pad_samples
-        return y[:, pad : full_len - pad] / envelope[pad : full_len - pad]
+        if mask is None:
+            envelope = F.fold(window_sq, **fold)[0, 0, 0, :]  # (full_len,)
+            return y[:, pad : full_len - pad] / envelope[pad : full_len - pad]
+        envelope = F.fold(window_sq * mask[:, None, :].float(), **fold)[:, 0, 0, :]  # (B, full_len)
+        y, envelope = y[:, pad : full_len - pad], envelope[:, pad : full_len - pad]
+        samples = torch.arange(y.shape[1], device=y.device) // cfg.hop_samples  # each sample's frame
+        real = mask.gather(1, samples.expand(y.shape[0], -1))  # (B, T * hop): inside the row's own frames
+        return torch.where(real, y / envelope.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         if codes.dim() != 2 or codes.dtype != torch.long:
@@ -207,3 +264,20 @@ class XCodec2Decoder(nn.Module):
         log_mag, phase = pred.chunk(2, dim=1)  # each (B, n_fft/2 + 1, T)
         mag = torch.exp(log_mag).clamp(max=1e2)  # the package's cap on magnitudes
         return self.istft(mag * torch.cos(phase), mag * torch.sin(phase))
+
+    def decode_windows(self, codes: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Right-padded code windows (G, T) int64 and their frame counts `lengths` (G,) int64 on this device
+        -> (G, T * hop) float32: row g's first lengths[g] * hop samples are forward(codes[g, :lengths[g]])'s,
+        up to float rounding; the rest are zeros. No range check and no host synchronisation (the codes
+        must be valid: callers check them once on arrival), so a CUDA graph can capture it."""
+        if codes.dim() != 2 or codes.dtype != torch.long or lengths.shape != codes.shape[:1]:
+            raise ValueError(
+                f"codes must be (G, T) int64 and lengths (G,), got {tuple(codes.shape)} {codes.dtype}, "
+                f"{tuple(lengths.shape)}"
+            )
+        mask = torch.arange(codes.shape[1], device=codes.device) < lengths[:, None]  # (G, T)
+        x = self.backbone(self.embed_codes(codes), mask)  # (G, T, D)
+        pred = self.head_out(x).float().transpose(1, 2)  # (G, n_fft + 2, T)
+        log_mag, phase = pred.chunk(2, dim=1)
+        mag = torch.where(mask[:, None, :], torch.exp(log_mag).clamp(max=1e2), 0.0)
+        return self.istft(mag * torch.cos(phase), mag * torch.sin(phase), mask)

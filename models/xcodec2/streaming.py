@@ -6,9 +6,10 @@ at block seams). Windows depend only on the frame count, so audio does not depen
 Defaults L = 150 (3 s), A = 8 (160 ms), C = 5: samples come out 160-240 ms after their code, first
 audio after 13 frames (260 ms). Attention and GroupNorm see the whole utterance, so streamed audio
 is not the full decode: measured error by the constants below. `push_many` advances several streams at
-once and decodes their due blocks of equal window length in one batched decoder call (what a server
-step does): each stream gets the samples its own `push` gives, up to the batch's float rounding.
-Imports: torch, numpy, models.xcodec2.
+once and decodes all their due blocks in one batched call of right-padded, masked windows
+(XCodec2Decoder.decode_windows, or a backend with its signature such as a CUDA graph; what a server step
+does): each stream gets the samples its own `push` gives, up to the batch's float rounding.
+Imports: torch, numpy, models.xcodec2, models.host_copy.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from tilevox.models.host_copy import to_device, to_host
 from tilevox.models.xcodec2.model import XCodec2Decoder
 
 __all__ = [
@@ -28,10 +31,13 @@ __all__ = [
     "DEFAULT_LOOKAHEAD_FRAMES",
     "STREAM_MAX_LSD_DB",
     "STREAM_MIN_SNR_DB",
+    "PendingPush",
     "StreamError",
+    "WindowDecode",
     "XCodec2StreamDecoder",
     "measure_stream_error",
     "push_many",
+    "start_push_many",
 ]
 
 # 3 s of left context (what users of xcodec2 streaming report needing); 160 ms of lookahead
@@ -146,8 +152,9 @@ class XCodec2StreamDecoder:
             self._buffer_start = keep_from
         return samples
 
-    def flush(self) -> np.ndarray:
-        """End the utterance: return the samples of every frame not yet emitted."""
+    def flush(self, decode: WindowDecode | None = None) -> np.ndarray:
+        """End the utterance: return the samples of every frame not yet emitted. `decode`: a WindowDecode
+        (e.g. a CUDA-graph backend) for the last window instead of the decoder's forward."""
         if self._is_flushed:
             raise ValueError("flush called twice: this stream has ended")
         self._is_flushed = True
@@ -157,7 +164,11 @@ class XCodec2StreamDecoder:
         # the full decode sees it; which frames are left depends only on the frame count.
         start, end, window_start, codes = self._window(self._next_frame, self.num_frames, self.num_frames)
         with torch.inference_mode():
-            audio = self.decoder(codes.unsqueeze(0))[0]  # (window frames * hop,)
+            if decode is None:
+                audio = self.decoder(codes.unsqueeze(0))[0]  # (window frames * hop,)
+            else:
+                lengths = torch.full((1,), codes.numel(), dtype=torch.long, device=codes.device)
+                audio = decode(codes.unsqueeze(0), lengths)[0, : codes.numel() * self.hop_samples]
         return self._emit(start, end, window_start, audio).float().cpu().numpy()
 
 
@@ -167,12 +178,35 @@ def push_many(
     *,
     check_range: bool = True,
     batched: bool = True,
+    decode: WindowDecode | None = None,
 ) -> list[np.ndarray]:
-    """`push` of codes[i] to streams[i] for every i, with every due block of
-    every stream decoded in one decoder call per window length (in a steady stream all windows have
-    left context + block + lookahead frames, so a server step needs one call); one device-to-host copy
-    per call. batched=False decodes each block alone (bit for bit what a lone stream gets). Returns each
+    """`push` of codes[i] to streams[i] for every i (start_push_many, then its finish). Returns each
     stream's newly final samples."""
+    return start_push_many(streams, codes, check_range=check_range, batched=batched, decode=decode).finish()
+
+
+class WindowDecode(Protocol):
+    """As XCodec2Decoder.decode_windows: right-padded windows (G, T) int64 and their frame counts (G,) int64
+    on the device -> (G, T * hop) float32 samples (row g's first lengths[g] * hop are its window's)."""
+
+    def __call__(self, codes: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
+
+
+def start_push_many(
+    streams: Sequence[XCodec2StreamDecoder],
+    codes: Sequence[torch.Tensor],
+    *,
+    check_range: bool = True,
+    batched: bool = True,
+    decode: WindowDecode | None = None,
+) -> PendingPush:
+    """Append codes[i] to streams[i] for every i and launch the decode of every stream's due blocks: with
+    `batched` (the default) all of them in one call of `decode` (default: the decoder's decode_windows),
+    windows of different lengths right-padded and masked, so each stream gets the samples its own `push`
+    gives, up to the batch's float rounding; their samples come back through one asynchronous copy to
+    pinned memory. The host is free until `finish()` (e.g. to launch the next decoder step).
+    batched=False decodes each block alone with the decoder's forward (bit for bit what a lone stream's
+    `push` gets)."""
     if len(streams) != len(codes):
         raise ValueError(f"{len(streams)} streams for {len(codes)} code tensors")
     if len({id(s) for s in streams}) != len(streams):
@@ -180,22 +214,46 @@ def push_many(
     for stream, new in zip(streams, codes, strict=True):
         stream._append(new, check_range)
     jobs = [(row, window) for row, stream in enumerate(streams) for window in stream._due_windows()]
-    by_length: dict[tuple[int, int, int], list[int]] = {}  # (decoder, window length, 0 or the job)
-    for index, (row, (_, _, _, window)) in enumerate(jobs):
-        key = (id(streams[row].decoder), window.numel(), 0 if batched else index)
-        by_length.setdefault(key, []).append(index)
-    audio: list[np.ndarray | None] = [None] * len(jobs)
-    for indices in by_length.values():
+    groups: dict[int, list[int]] = {}  # one group (one call) per decoder, or per job when not batched
+    for index, (row, _) in enumerate(jobs):
+        groups.setdefault(id(streams[row].decoder) if batched else index, []).append(index)
+    calls: list[tuple[list[int], torch.Tensor]] = []
+    for indices in groups.values():
         decoder = streams[jobs[indices[0]][0]].decoder
+        windows = [jobs[i][1][3] for i in indices]
         with torch.inference_mode():
-            decoded = decoder(torch.stack([jobs[i][1][3] for i in indices]))  # (G, window frames * hop)
-        host = decoded.float().cpu().numpy()
-        for row_in_call, index in enumerate(indices):
-            audio[index] = host[row_in_call]
-    pieces: list[list[np.ndarray]] = [[] for _ in streams]
-    for index, (row, (start, end, window_start, _)) in enumerate(jobs):  # in each stream's block order
-        pieces[row].append(streams[row]._emit(start, end, window_start, audio[index]))
-    return [_concat(p) for p in pieces]
+            if not batched:
+                decoded = decoder(windows[0].unsqueeze(0))  # (1, window frames * hop)
+            else:
+                padded = torch.nn.utils.rnn.pad_sequence(windows, batch_first=True)  # (G, T), zeros after each end
+                lengths = to_device([w.numel() for w in windows], dtype=torch.long, device=padded.device)
+                decoded = (decode or decoder.decode_windows)(padded, lengths)  # (G, T * hop)
+        calls.append((indices, to_host(decoded.float())))
+    return PendingPush(streams, jobs, calls)
+
+
+class PendingPush:
+    """The decodes start_push_many launched; finish() waits for their samples and emits each stream's."""
+
+    def __init__(self, streams, jobs, calls) -> None:
+        self._streams, self._jobs, self._calls = streams, jobs, calls
+        self._event = None
+        if any(host.is_pinned() for _, host in calls):
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def finish(self) -> list[np.ndarray]:
+        if self._event is not None:
+            self._event.synchronize()
+        audio: list[np.ndarray | None] = [None] * len(self._jobs)
+        for indices, host in self._calls:
+            host = host.numpy()
+            for row_in_call, index in enumerate(indices):
+                audio[index] = host[row_in_call]
+        pieces: list[list[np.ndarray]] = [[] for _ in self._streams]
+        for index, (row, (start, end, window_start, _)) in enumerate(self._jobs):  # in each stream's block order
+            pieces[row].append(self._streams[row]._emit(start, end, window_start, audio[index]))
+        return [_concat(p) for p in pieces]
 
 
 def _concat(pieces: list[np.ndarray]) -> np.ndarray:

@@ -19,6 +19,7 @@ from tilevox.models.llasa.loader import load_preset as load_llasa
 from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
 from tilevox.models.qwen3_tts.model import ModelOptions
 from tilevox.models.region_backends import (
+    CHUNK_DECODE,
     CODE_PREDICTOR_LOOP,
     CODEC_DECODE,
     DECODER_PREFILL,
@@ -117,6 +118,7 @@ def test_llasa_executor_equals_the_plain_path():
         DECODER_STEP: None,
         TOKEN_SAMPLING: None,
         DECODER_PREFILL: "off (GraphOptions.prefill=False): its eager form runs",
+        CHUNK_DECODE: None,
     }
     model.token_observer = lambda _sid, token: tokens["executor"].append(token)
     got = synthesize(model, request)
@@ -124,6 +126,33 @@ def test_llasa_executor_equals_the_plain_path():
     np.testing.assert_allclose(got.samples, plain.samples, atol=1e-5, rtol=0)
     assert model.decoder_step_backend.num_graph_calls > 10
     assert model.token_sampling_backend.num_graph_calls == len(tokens["plain"])
+    # a call per 5-frame block once 8 lookahead frames exist, and one for the tail
+    assert model.chunk_decode_backend.num_graph_calls == (len(tokens["plain"]) - 8) // 5 + 1
+
+
+def test_llasa_block_decodes_of_staggered_streams_equal_each_stream_alone():
+    """Streams that join mid-way have windows of different lengths due in one step: the executor's chunk
+    decode pads them (to a multiple of WINDOW_BUCKET frames and a batch bucket) into one masked call, and
+    each stream's audio equals its audio alone on the plain path (fp32, greedy)."""
+    requests = [_greedy(f"Staggered Llasa stream number {n}", 1.2 + 0.2 * n) for n in range(3)]
+    alone = [synthesize(_llasa(), r).samples for r in requests]
+    model = _llasa()
+    install_graph_regions(model, [CHUNK_DECODE], EAGER)
+    ids = [model.open_stream(requests[0])]
+    audio: dict[int, list[np.ndarray]] = {ids[0]: []}
+    steps = 0
+    while live := [i for i in ids if i in model.open_stream_ids]:
+        steps += 1
+        if steps in (4, 11):  # join mid-way: their block boundaries fall on other steps
+            ids.append(model.open_stream(requests[len(ids)]))
+            audio[ids[-1]] = []
+            live.append(ids[-1])
+        for chunk in model.step(live):
+            audio[chunk.stream_id].append(chunk.samples)
+    for n, stream_id in enumerate(ids):
+        np.testing.assert_allclose(np.concatenate(audio[stream_id]), alone[n], atol=1e-5, rtol=0)
+    assert {width for _, width in model.chunk_decode_backend.keys_used} == {64, 128}  # windows of 13..89 frames
+    assert max(bucket for bucket, _ in model.chunk_decode_backend.keys_used) >= 2
 
 
 def _sampled_frames(seeds: list[int], install, steps: int = 5) -> dict[int, list[torch.Tensor]]:

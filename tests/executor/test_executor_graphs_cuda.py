@@ -85,7 +85,9 @@ def test_llasa_graphs_equal_the_eager_executor(num_streams):
     graph_model, eager_model = _llasa(True), _llasa(False)
     _same(_run(graph_model, requests, "token_observer"), _run(eager_model, requests, "token_observer"))
     assert graph_model.decoder_step_backend.graphs.num_graphs >= 1
+    assert graph_model.chunk_decode_backend.graphs.num_graphs >= 1
     assert graph_model.token_sampling_backend.graphs.num_graphs >= 1
+    assert graph_model.chunk_decode_backend.graphs.num_graphs >= 1
 
 
 def test_a_reused_slot_sees_nothing_of_the_previous_stream():
@@ -112,3 +114,4 @@ def test_compiled_graphs_equal_the_compiled_code_run_eagerly():
     graph_model, eager_model = _llasa(True, compile=True), _llasa(False, compile=True)
     _same(_run(graph_model, requests, "token_observer"), _run(eager_model, requests, "token_observer"))
     assert graph_model.decoder_step_backend.graphs.num_graphs >= 1
+    assert graph_model.chunk_decode_backend.graphs.num_graphs >= 1

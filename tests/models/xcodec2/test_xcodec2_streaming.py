@@ -125,7 +125,7 @@ def test_latency_and_memory_bound(model):
 def test_push_many_equals_each_stream_alone(model):
     """Streams started at different times (so their windows differ in length early on), pushed together
     one code per step with uneven pushes mixed in: each gets what it gets alone, to float rounding, and
-    every step's due blocks of one window length go through one decoder call."""
+    every step's due blocks go through one decoder call, windows of different lengths padded and masked."""
     options = {"left_context_frames": 12, "lookahead_frames": 3, "chunk_frames": 4}
     lengths, starts = [70, 45, 60, 30], [0, 3, 9, 20]
     codes = [_codes(n, 40 + i) for i, n in enumerate(lengths)]
@@ -133,28 +133,30 @@ def test_push_many_equals_each_stream_alone(model):
     streams = [XCodec2StreamDecoder(model, **options) for _ in codes]
     got: list[list[np.ndarray]] = [[] for _ in codes]
     calls = []
-    real_forward = type(model).forward
+    real_decode = type(model).decode_windows
 
-    def counting(self, batch):
-        calls.append(batch.shape)
-        return real_forward(self, batch)
+    def counting(self, batch, window_lengths):
+        calls.append((batch.shape, window_lengths.tolist()))
+        return real_decode(self, batch, window_lengths)
 
     pos = [0] * len(codes)
     step = 0
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(type(model), "forward", counting)
+        patch.setattr(type(model), "decode_windows", counting)
         while any(p < n for p, n in zip(pos, lengths)):
             live = [i for i in range(len(codes)) if starts[i] <= step and pos[i] < lengths[i]]
             sizes = {i: 1 if step % 7 else min(3, lengths[i] - pos[i]) for i in live}
             before = len(calls)
             out = push_many([streams[i] for i in live], [codes[i][pos[i] : pos[i] + sizes[i]] for i in live])
-            window_lengths = [shape[1] for shape in calls[before:]]
-            assert len(window_lengths) == len(set(window_lengths))  # one call per window length
+            assert len(calls) - before <= 1  # one call per step, whatever the windows' lengths
             for i, samples in zip(live, out):
                 got[i].append(samples)
                 pos[i] += sizes[i]
             step += 1
-    assert any(shape[0] > 1 for shape in calls)  # blocks of several streams really shared calls
+    assert any(shape[0] > 1 for shape, _ in calls)  # blocks of several streams really shared calls
+    # ... including windows of different lengths (padded to the longest)
+    assert any(len(set(window_lengths)) > 1 for _, window_lengths in calls)
+    assert all(shape[1] == max(window_lengths) for shape, window_lengths in calls)
     for i, stream in enumerate(streams):
         got[i].append(stream.flush())
         np.testing.assert_allclose(np.concatenate(got[i]), alone[i], rtol=0, atol=1e-5)

@@ -160,3 +160,43 @@ def test_missing_and_unreadable_files(tmp_path):
     (tmp_path / "config.json").write_text("{")
     with pytest.raises(CheckpointError, match="config.json: not a usable XCodec2 config"):
         load_xcodec2_decoder(tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decode_windows_equals_each_window_alone(dtype):
+    """Right-padded windows of awkward lengths (1 frame, a prime, the longest) in one masked call: each
+    row's samples are what its window decoded alone gives, and past its end there are zeros, even when
+    the padding holds other codes (a float64 backbone: equal to the head's float32 rounding, so the mask,
+    not luck, keeps rows apart)."""
+    decoder = random_xcodec2_decoder(TINY, seed=5).to(dtype)
+    generator = torch.Generator().manual_seed(11)
+    lengths = [1, 13, 37, 6, 37]
+    windows = [torch.randint(0, TINY.codebook_size, (n,), generator=generator) for n in lengths]
+    longest = max(lengths)
+    padded = torch.randint(0, TINY.codebook_size, (len(lengths), longest), generator=generator)  # junk padding
+    for row, window in enumerate(windows):
+        padded[row, : window.numel()] = window
+    with torch.inference_mode():
+        out = decoder.decode_windows(padded, torch.tensor(lengths))
+        alone = [decoder(w[None])[0] for w in windows]
+    assert out.shape == (len(lengths), longest * TINY.hop_samples) and out.dtype == alone[0].dtype
+    tolerance = 1e-6 if dtype == torch.float64 else 2e-5
+    for row, (n, expected) in enumerate(zip(lengths, alone)):
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(out[row, : n * 320], expected, rtol=0, atol=tolerance * max(scale, 1.0))
+        assert torch.equal(out[row, n * 320 :], torch.zeros(longest * 320 - n * 320, dtype=out.dtype))
+
+
+def test_masked_group_norm_equals_group_norm_of_the_real_frames():
+    from tilevox.models.xcodec2.model import masked_group_norm
+
+    norm = torch.nn.GroupNorm(4, 12, eps=1e-6, dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    x = torch.randn(2, 12, 9, dtype=torch.float64)
+    x[1, :, 5:] = float("nan")  # padding never reaches the statistics
+    mask = torch.tensor([[True] * 9, [True] * 5 + [False] * 4])[:, None, :]
+    out = masked_group_norm(norm, x, mask)
+    torch.testing.assert_close(out[0], norm(x[:1])[0])
+    torch.testing.assert_close(out[1, :, :5], norm(x[1:, :, :5])[0])
