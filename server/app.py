@@ -30,6 +30,7 @@ from tilevox.server.config import ServerConfig
 from tilevox.server.grpc_service import add_to_server
 from tilevox.server.http_api import build_http_app
 from tilevox.server.logs import log_event
+from tilevox.server.profiling import WorkerProfile
 from tilevox.server.metrics import ServerMetrics
 from tilevox.server.scheduler import Scheduler
 from tilevox.server.state import ServerState
@@ -55,8 +56,22 @@ def build_state(config: ServerConfig, model: SpeechModel) -> ServerState:
         raise ValueError(
             f"--max-streams {config.max_streams} exceeds what {model.model_id} supports ({model.max_streams})"
         )
+    profile = None
+    if config.profile_steps:
+        profile = WorkerProfile(
+            config.profile_steps,
+            config.profile_out,
+            skip=config.profile_skip,
+            min_batch=config.profile_min_batch,
+            cuda=config.device == "cuda",
+        )
     scheduler = Scheduler(
-        model, max_active=config.max_streams, max_queued=config.max_queued, max_batch=config.max_batch, metrics=metrics
+        model,
+        max_active=config.max_streams,
+        max_queued=config.max_queued,
+        max_batch=config.max_batch,
+        metrics=metrics,
+        profile=profile,
     )
     return ServerState(
         config=config, model=model, scheduler=scheduler, metrics=metrics, catalog=VoiceCatalog.for_model(model)

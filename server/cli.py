@@ -330,6 +330,18 @@ def _add_serve(subparsers) -> None:
         help="the interpreter's thread switch interval (sys.setswitchinterval) while serving: how long the model "
         "worker may wait for the GIL while the event loop sends audio (default: Python's, 5 ms)",
     )
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="profile this many model-worker steps (cProfile of the worker thread; on a GPU also torch.profiler's "
+        "operator and kernel tables) into --profile-out, then serve on unprofiled (default 0: off)",
+    )
+    p.add_argument("--profile-skip", type=int, default=50, help="qualifying steps to let pass before profiling")
+    p.add_argument(
+        "--profile-min-batch", type=int, default=1, help="profile only steps that batch at least this many streams"
+    )
+    p.add_argument("--profile-out", default="tilevox-worker-profile.txt", help="where --profile-steps writes")
     _add_model_options(p)
     p.set_defaults(handler=_run_serve)
 
@@ -392,6 +404,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         strict_voices=args.strict_voices,
         idle_timeout_s=args.idle_timeout,
         drain_timeout_s=args.drain_timeout,
+        profile_steps=args.profile_steps,
+        profile_skip=args.profile_skip,
+        profile_min_batch=args.profile_min_batch,
+        profile_out=args.profile_out,
     )  # validates the options
     try:
         ports = bind_ports(args.host, args.http_port, args.grpc_port)

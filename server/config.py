@@ -31,6 +31,12 @@ class ServerConfig:
     # `tilevox serve` passes the executor's batch buckets when CUDA graphs are on, so that their graphs are
     # captured before the first client instead of while clients' streams wait.
     warmup_streams: tuple[int, ...] = (1,)
+    # `--profile-steps`: profile this many worker iterations that step >= profile_min_batch streams, after
+    # profile_skip of them, into profile_out (server.profiling.WorkerProfile); 0 = off.
+    profile_steps: int = 0
+    profile_skip: int = 50
+    profile_min_batch: int = 1
+    profile_out: str = "tilevox-worker-profile.txt"
     strict_voices: bool = (
         False  # Riva surface: refuse voice names that match nothing (default: the default voice + one warning)
     )
@@ -55,6 +61,11 @@ class ServerConfig:
         if not self.warmup_streams or not all(1 <= n <= self.max_streams for n in self.warmup_streams):
             raise ValueError(
                 f"warmup_streams must be levels in [1, max_streams={self.max_streams}], got {self.warmup_streams}"
+            )
+        if self.profile_steps < 0 or self.profile_skip < 0 or self.profile_min_batch < 1:
+            raise ValueError(
+                "profile_steps and profile_skip must be >= 0 and profile_min_batch >= 1, got "
+                f"{self.profile_steps}, {self.profile_skip}, {self.profile_min_batch}"
             )
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable authentication)")

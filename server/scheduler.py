@@ -30,6 +30,7 @@ import numpy as np
 
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest
 from tilevox.server.metrics import ServerMetrics
+from tilevox.server.profiling import WorkerProfile
 
 __all__ = [
     "OverloadedError",
@@ -203,6 +204,7 @@ class Scheduler:
         max_batch: int | None = None,
         max_prefill_batch: int = 16,
         metrics: ServerMetrics | None = None,
+        profile: WorkerProfile | None = None,
     ) -> None:
         if max_active < 1:
             raise ValueError(f"max_active must be >= 1, got {max_active}")
@@ -223,6 +225,7 @@ class Scheduler:
         # stream waits for more than one prefill of this many prompts between two of its frames.
         self.max_prefill_batch = max_prefill_batch
         self.metrics = metrics
+        self.profile = profile  # `--profile-steps`: wraps worker iterations that step
         self._worker_local = threading.local()  # .outbox: the items a worker step delivers, sent at its end
         self._lock = threading.Condition()
         self._pending: collections.deque[StreamHandle] = collections.deque()
@@ -483,7 +486,11 @@ class Scheduler:
             if not running:
                 continue
             batch = self._pick_batch(running)
+            if self.profile is not None:
+                self.profile.begin(len(batch))
             self._step(batch)
+            if self.profile is not None:
+                self.profile.end()
 
     def _step(self, batch: list[StreamHandle]) -> None:
         """One model step; every item it hands to streams reaches their event loops in one call per loop."""

@@ -6,7 +6,7 @@
 # a torch.profiler kernel table of the graphed steps at 1 and 32 streams (profile.txt), then `tilevox bench` (TTFA,
 # RTF, stalls, throughput) with the graphs on vs off, side by side in one run.
 # Carried (gitignored): .whl (Python 3.12 wheels the image lacks, from `pip download --python-version 3.12 ...`:
-# fastapi starlette uvicorn websockets grpcio-health-checking protobuf soundfile cffi pycparser soxr pydantic
+# fastapi starlette uvicorn websockets grpcio-health-checking==1.84.0 (the image's grpcio is 1.84) protobuf soundfile cffi pycparser soxr pydantic
 # pydantic_core annotated-types typing-inspection anyio typing_extensions opentelemetry-api); no kernel library needed.
 set -uo pipefail
 part=${1:-tests}

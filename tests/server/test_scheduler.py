@@ -340,3 +340,35 @@ def test_joining_stops_at_max_joined_chunks():
         np.testing.assert_array_equal(second, np.concatenate(chunks[MAX_JOINED_CHUNKS:]))
 
     _run(main())
+
+
+def test_worker_profile_covers_the_asked_steps_and_the_model_step(sched_factory, tmp_path):
+    from tilevox.server.profiling import WorkerProfile
+
+    model = FakeSpeechModel()
+    out = tmp_path / "profile.txt"
+    profile = WorkerProfile(7, out, skip=3, min_batch=2)
+    sched = sched_factory(model, max_active=4, max_queued=8, profile=profile)
+    reqs = [_req("x" * 30, seed=s) for s in range(4)]
+
+    async def main():
+        handles = [sched.submit(r) for r in reqs]
+        return await asyncio.gather(*(h.collect() for h in handles))
+
+    outs = _run(main())
+    for r, o in zip(reqs, outs):
+        np.testing.assert_array_equal(o, model.expected(r))  # profiling changes nothing streamed
+    assert profile.done
+    text = out.read_text()
+    assert text.startswith("tilevox worker profile: 7 iterations with >= 2 streams after 3;")
+    assert "cProfile of the worker thread, by tottime" in text
+    assert "(step)" in text  # the model's step shows up by name in the worker's profile
+    assert "torch.profiler" not in text  # CPU: no device tables
+
+
+def test_worker_profile_validates():
+    from tilevox.server.profiling import WorkerProfile
+
+    for kw in ({"steps": 0}, {"steps": 1, "skip": -1}, {"steps": 1, "min_batch": 0}):
+        with pytest.raises(ValueError):
+            WorkerProfile(out="x", **kw)
