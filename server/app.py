@@ -30,8 +30,8 @@ from tilevox.server.config import ServerConfig
 from tilevox.server.grpc_service import add_to_server
 from tilevox.server.http_api import build_http_app
 from tilevox.server.logs import log_event
-from tilevox.server.profiling import WorkerProfile
 from tilevox.server.metrics import ServerMetrics
+from tilevox.server.profiling import WorkerProfile
 from tilevox.server.scheduler import Scheduler
 from tilevox.server.state import ServerState
 from tilevox.server.voices import VoiceCatalog
