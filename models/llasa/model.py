@@ -5,7 +5,7 @@ samples one token per listed stream from its pending logits, turns speech tokens
 token = one 20 ms XCodec2 frame; every stream's due block in ONE codec call) and runs ONE batched Llama
 decode for the streams that go on. Both are launched before the step waits for the codec's samples,
 so the host emits audio while the GPU runs the next decode.
-Imports: torch, numpy, models.{errors,sampling,streaming,region_backends,llama,xcodec2,llasa.tokenizer}.
+Imports: torch, numpy, models.{errors,host_copy,sampling,streaming,region_backends,llama,xcodec2,llasa.tokenizer}.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from torch.profiler import record_function
 
 from tilevox.models.errors import RequestError
+from tilevox.models.host_copy import to_device
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.llasa.tokenizer import LlasaTokenizer
 from tilevox.models.region_backends import (
@@ -137,6 +138,9 @@ class LlasaModel(SpeechModel):
         }
         self._cache: LlamaKVCache = llama.new_cache(max_streams=max_streams, max_seq_len=max_seq_len)
         self._streams: dict[int, _Stream] = {}
+        # Each slot's sampled tokens (a stream's `generated` is its slot's row): one scatter per step
+        # writes every stream's new token, instead of a copy per stream.
+        self._generated = torch.zeros(max_streams, max_seq_len, dtype=torch.long, device=self.device)
         self._next_id = itertools.count(1)
         # Llasa only ever answers with speech tokens then <|SPEECH_GENERATION_END|>, but nothing in the
         # network forbids other ids (text, markers). A text token here has no audio meaning, so every
@@ -246,7 +250,7 @@ class LlasaModel(SpeechModel):
                 params=sampling,
                 generator=make_generator(requests[index].seed, self.device),
                 pending_logits=logits[row],
-                generated=torch.empty(max_new, dtype=torch.long, device=self.device),
+                generated=self._generated[slot, :max_new],
                 num_generated=0,
                 max_new_tokens=max_new,
                 codec=XCodec2StreamDecoder(self.codec, **self._codec_options),
@@ -286,9 +290,13 @@ class LlasaModel(SpeechModel):
                 continue
             stream.num_generated += 1
             pushed.append(row)
-        for row in pushed:  # the new token into the stream's history (device to device)
-            stream = streams[row]
-            stream.generated[stream.num_generated - 1] = tokens[row]
+        if pushed:  # each new token into its stream's history, device to device, in one scatter
+            where = to_device(
+                [(row, streams[row].slot, streams[row].num_generated - 1) for row in pushed],
+                dtype=torch.long,
+                device=self.device,
+            )  # (P, 3): batch row, slot, position
+            self._generated[where[:, 1], where[:, 2]] = tokens[where[:, 0]]
         with record_function("tilevox.codec_decode"):
             # Every stream's due blocks in one decoder call (windows right-padded and masked). The logit
             # mask admits speech tokens (and the end token, handled above) only, so the codes need no
@@ -305,7 +313,8 @@ class LlasaModel(SpeechModel):
             slots = [streams[row].slot for row in going_on]
             decode = self.decoder_step_backend or self.llama.decode
             with record_function("tilevox.decoder_step"):
-                next_logits = decode(self._cache, slots, tokens[going_on])  # (B', V), one batched call
+                going_tokens = tokens if len(going_on) == len(ids) else tokens[going_on]
+                next_logits = decode(self._cache, slots, going_tokens)  # (B', V), one batched call
             for out_row, row in enumerate(going_on):
                 streams[row].pending_logits = next_logits[out_row]
         for row in stopped:
