@@ -5,7 +5,9 @@ the worker's own Python (admission, batch picking, chunk delivery, metrics) and 
 while the event loop sends audio. This profiles N worker iterations that step at least `min_batch`
 streams, after `skip` such iterations: cProfile of the worker thread (the Python it runs) and, on a GPU,
 torch.profiler's operator and kernel tables; the report also gives each iteration's wall time against the
-device time of its kernels. Off unless asked for; it slows the profiled iterations (cProfile's hooks).
+device time of its kernels. Off unless asked for; it slows the profiled iterations (cProfile's hooks, which
+on Python >= 3.12 see every thread, the event loop's included), and the worker pauses while the report is
+written (seconds to a minute for a few hundred GPU steps): profile a server no client depends on.
 """
 
 from __future__ import annotations
@@ -100,7 +102,11 @@ class WorkerProfile:
             torch.cuda.synchronize()
             self._torch.stop()
             averages = self._torch.key_averages()
-            device_us = sum(e.self_device_time_total for e in averages if e.device_type.name == "CUDA")
+            device_us = sum(  # kernels and copies: not the device-side mirrors of record_function ranges
+                e.self_device_time_total
+                for e in averages
+                if e.device_type.name == "CUDA" and not e.key.startswith(("tilevox.", "aten::"))
+            )
             report.write(
                 f"device: kernels {device_us / 1e3 / len(wall_ms):.2f} ms per iteration of "
                 f"{statistics.fmean(wall_ms):.2f} ms of step wall ({100 * device_us / 1e3 / sum(wall_ms):.0f}%)\n\n"
