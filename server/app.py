@@ -70,6 +70,7 @@ def build_state(config: ServerConfig, model: SpeechModel) -> ServerState:
         max_active=config.max_streams,
         max_queued=config.max_queued,
         max_batch=config.max_batch,
+        newcomer_slack_s=config.newcomer_slack_s,
         metrics=metrics,
         profile=profile,
     )

@@ -331,6 +331,13 @@ def _add_serve(subparsers) -> None:
         "worker may wait for the GIL while the event loop sends audio (default: Python's, 5 ms)",
     )
     p.add_argument(
+        "--newcomer-slack-ms",
+        default="200",
+        help="first audio first: while streams wait for their first audio, steps carry them alone as long as "
+        "every playing stream has this much audio buffered beyond real time ('off': every step carries every "
+        "running stream)",
+    )
+    p.add_argument(
         "--profile-steps",
         type=int,
         default=0,
@@ -357,6 +364,19 @@ def _api_key(args: argparse.Namespace) -> str | None:
                 raise CommandError(f"{source} is empty: give a key, or leave it unset to serve without authentication")
             return key
     return None
+
+
+def _newcomer_slack_s(value: str) -> float | None:
+    """--newcomer-slack-ms: milliseconds (>= 0) as seconds, or 'off' as None."""
+    if value.strip().lower() == "off":
+        return None
+    try:
+        ms = float(value)
+    except ValueError:
+        raise CommandError(f"--newcomer-slack-ms must be milliseconds >= 0 or 'off', got {value!r}") from None
+    if not ms >= 0:
+        raise CommandError(f"--newcomer-slack-ms must be milliseconds >= 0 or 'off', got {value!r}")
+    return ms / 1000.0
 
 
 def _is_loopback(host: str) -> bool:
@@ -386,6 +406,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.switch_interval_ms is not None and not args.switch_interval_ms > 0:
         raise CommandError(f"--switch-interval-ms must be > 0, got {args.switch_interval_ms}")
     api_key = _api_key(args)
+    newcomer_slack_s = _newcomer_slack_s(args.newcomer_slack_ms)
     if args.model is None:
         print(f"tilevox: no --model given: serving {DEFAULT_MODEL} (random weights, noise) on CPU", file=sys.stderr)
         model_spec, device = DEFAULT_MODEL, args.device or "cpu"
@@ -404,6 +425,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         strict_voices=args.strict_voices,
         idle_timeout_s=args.idle_timeout,
         drain_timeout_s=args.drain_timeout,
+        newcomer_slack_s=newcomer_slack_s,
         profile_steps=args.profile_steps,
         profile_skip=args.profile_skip,
         profile_min_batch=args.profile_min_batch,

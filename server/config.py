@@ -31,6 +31,9 @@ class ServerConfig:
     # `tilevox serve` passes the executor's batch buckets when CUDA graphs are on, so that their graphs are
     # captured before the first client instead of while clients' streams wait.
     warmup_streams: tuple[int, ...] = (1,)
+    # First audio first (Scheduler): steps carry streams still waiting for first audio alone while every
+    # playing stream has this much audio buffered; None = every step carries every running stream.
+    newcomer_slack_s: float | None = 0.2
     # `--profile-steps`: profile this many worker iterations that step >= profile_min_batch streams, after
     # profile_skip of them, into profile_out (server.profiling.WorkerProfile); 0 = off.
     profile_steps: int = 0
@@ -62,6 +65,8 @@ class ServerConfig:
             raise ValueError(
                 f"warmup_streams must be levels in [1, max_streams={self.max_streams}], got {self.warmup_streams}"
             )
+        if self.newcomer_slack_s is not None and not self.newcomer_slack_s >= 0:
+            raise ValueError(f"newcomer_slack_s must be >= 0 or None, got {self.newcomer_slack_s}")
         if self.profile_steps < 0 or self.profile_skip < 0 or self.profile_min_batch < 1:
             raise ValueError(
                 "profile_steps and profile_skip must be >= 0 and profile_min_batch >= 1, got "

@@ -32,6 +32,9 @@ REPO = Path(__file__).resolve().parents[2]
         (["--max-streams", "-3"], {}, "--max-streams must be >= 1"),
         (["--switch-interval-ms", "0"], {}, "--switch-interval-ms must be > 0, got 0.0"),
         (["--switch-interval-ms", "nan"], {}, "--switch-interval-ms must be > 0, got nan"),
+        (["--newcomer-slack-ms", "-1"], {}, "--newcomer-slack-ms must be milliseconds >= 0 or 'off', got '-1'"),
+        (["--newcomer-slack-ms", "soon"], {}, "--newcomer-slack-ms must be milliseconds >= 0 or 'off'"),
+        (["--profile-steps", "-1"], {}, "profile_steps and profile_skip must be >= 0"),
     ],
 )
 def test_bad_options_fail_before_the_model_loads(argv, env, message, capsys, monkeypatch):
@@ -158,3 +161,12 @@ def test_switch_interval_is_set_while_serving(monkeypatch):
     finally:
         sys.setswitchinterval(previous)
     assert seen == [pytest.approx(0.0005)]
+
+
+@pytest.mark.parametrize("value,expected", [("off", None), ("OFF", None), ("0", 0.0), ("150", 0.15)])
+def test_newcomer_slack_reaches_the_config(value, expected, monkeypatch):
+    seen = []
+    monkeypatch.setattr("tilevox.server.app.serve", lambda config, *a, **k: seen.append(config.newcomer_slack_s))
+    argv = ["serve", "--model", "random:llama-tiny", "--device", "cpu", "--http-port", "0", "--grpc-port", "0"]
+    assert main([*argv, "--newcomer-slack-ms", value]) == 0
+    assert seen == [expected]

@@ -372,3 +372,48 @@ def test_worker_profile_validates():
     for kw in ({"steps": 0}, {"steps": 1, "skip": -1}, {"steps": 1, "min_batch": 0}):
         with pytest.raises(ValueError):
             WorkerProfile(out="x", **kw)
+
+
+def _first_audio_first_run(sched_factory, slack_s, step_delay_s=0.0):
+    """Four long streams play; once they have audio, a newcomer arrives. Returns (model, newcomer id)."""
+    model = FakeSpeechModel(step_delay_s=step_delay_s)
+    sched = sched_factory(model, max_active=8, max_queued=0, newcomer_slack_s=slack_s)
+
+    async def main():
+        longs = [sched.submit(_req("L" * 300, seed=i)) for i in range(4)]
+        for h in longs:
+            async for _ in h:
+                break
+        await asyncio.sleep(0.05)
+        new = sched.submit(_req("short one", seed=99))
+        out = await new.collect()
+        for h in longs:
+            h.cancel()
+        await asyncio.gather(*(h.collect() for h in longs), return_exceptions=True)
+        return new, out
+
+    new, out = _run(main())
+    np.testing.assert_array_equal(out, model.expected(_req("short one", seed=99)))
+    return model, sched, new.model_stream_id
+
+
+def test_first_audio_first_steps_a_newcomer_alone_while_players_have_slack(sched_factory):
+    # The fake model makes 20 ms of audio per step in microseconds: the players' buffers are far ahead.
+    model, sched, sid = _first_audio_first_run(sched_factory, slack_s=0.2)
+    opened = model.open_at_step[sid]
+    assert model.step_log[opened] == (sid,) and model.step_log[opened + 1] == (sid,)  # alone until first audio
+    assert len(model.step_log[opened + 2]) == 5  # then everyone again
+    assert sched.newcomer_steps == 2
+
+
+def test_first_audio_first_never_starves_players_without_slack(sched_factory):
+    # 5 ms steps of 20 ms audio build slack slowly; a 100 s bar is never reached: always stepped together.
+    model, sched, sid = _first_audio_first_run(sched_factory, slack_s=100.0, step_delay_s=0.005)
+    opened = model.open_at_step[sid]
+    assert len(model.step_log[opened]) == 5 and sched.newcomer_steps == 0
+
+
+def test_first_audio_first_off(sched_factory):
+    model, sched, sid = _first_audio_first_run(sched_factory, slack_s=None)
+    opened = model.open_at_step[sid]
+    assert len(model.step_log[opened]) == 5 and sched.newcomer_steps == 0
