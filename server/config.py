@@ -32,8 +32,8 @@ class ServerConfig:
     # captured before the first client instead of while clients' streams wait.
     warmup_streams: tuple[int, ...] = (1,)
     # First audio first (Scheduler): steps carry streams still waiting for first audio alone while every
-    # playing stream has this much audio buffered; None = every step carries every running stream.
-    newcomer_slack_s: float | None = 0.2
+    # playing stream has this much audio buffered; None (default) = every step carries every running stream.
+    newcomer_slack_s: float | None = None
     # `--profile-steps`: profile this many worker iterations that step >= profile_min_batch streams, after
     # profile_skip of them, into profile_out (server.profiling.WorkerProfile); 0 = off.
     profile_steps: int = 0

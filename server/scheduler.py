@@ -190,12 +190,6 @@ class StreamHandle:
         return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
 
 
-# Audio a playing stream must have buffered (delivered beyond real time) before a step leaves it out for
-# streams still waiting for first audio: one worker iteration (a prefill of up to 16 prompts plus a step,
-# about 0.1 s on the H200 at 64 streams) with margin.
-DEFAULT_NEWCOMER_SLACK_S = 0.2
-
-
 class Scheduler:
     """Owns the model worker thread. `max_batch` caps how many streams one step carries; when
     more are running, streams that have not produced audio yet go first, then the rest in
@@ -204,10 +198,14 @@ class Scheduler:
     First audio first: while some streams wait for their first audio and every stream already playing
     has at least `newcomer_slack_s` of audio delivered beyond what real time has consumed since its first
     audio (its client's buffer), a step carries the waiting streams alone: a smaller batch, so a faster
-    step, so earlier first audio (Llasa needs 13 steps before its first block). The playing streams lose
-    nothing audible: the rule is checked before every step, so they pause at most one iteration (a
-    prefill plus a step) past the point where their buffer falls to `newcomer_slack_s`. None: every step
-    carries every running stream (up to max_batch)."""
+    step, so earlier first audio (Llasa needs 13 steps before its first block). The rule is checked
+    before every step, so a playing stream pauses at most one iteration (a prefill plus a step) past the
+    point where its buffer falls to `newcomer_slack_s`. None, the default: every step carries every
+    running stream (up to max_batch). Side by side on the H200 (2026-12-04,
+    benchmarks/results/executor_h200_ff8846e_log.txt), 0.2 s helped Qwen3-TTS at 32 streams (TTFA p50 157
+    vs 186 ms, p95 244 vs 266, stalls 2 vs 19); for Llasa the runs were mixed (8 streams, TTFA p50: 126 vs
+    172 ms without graph prefill, 187 vs 107 with it) and its streams stalled more at 64 (73 and 44 vs 0),
+    a cause not yet found. So it is opt-in: `tilevox serve --newcomer-slack-ms 200`."""
 
     def __init__(
         self,
@@ -217,7 +215,7 @@ class Scheduler:
         max_queued: int,
         max_batch: int | None = None,
         max_prefill_batch: int = 16,
-        newcomer_slack_s: float | None = DEFAULT_NEWCOMER_SLACK_S,
+        newcomer_slack_s: float | None = None,
         metrics: ServerMetrics | None = None,
         profile: WorkerProfile | None = None,
     ) -> None:
