@@ -410,11 +410,13 @@ def test_first_audio_first_never_starves_players_without_slack(sched_factory):
     # 5 ms steps of 20 ms audio build slack slowly; a 100 s bar is never reached: always stepped together.
     model, sched, sid = _first_audio_first_run(sched_factory, slack_s=100.0, step_delay_s=0.005)
     opened = model.open_at_step[sid]
+    assert len(model.step_log[opened]) == 5 and sched.newcomer_steps == 0
 
 
 def test_first_audio_first_off(sched_factory):
     model, sched, sid = _first_audio_first_run(sched_factory, slack_s=None)
     opened = model.open_at_step[sid]
+    assert len(model.step_log[opened]) == 5 and sched.newcomer_steps == 0
 
 
 def test_first_audio_first_is_off_by_default():
