@@ -92,7 +92,7 @@ class GraphOptions:
     capture: bool = True  # False: the same code eagerly (a CPU model always runs eagerly)
     max_batch: int = BATCH_BUCKETS[-1]  # larger calls run the conventional path
     # Capture the batched prefill too (regions talker_prefill, decoder_prefill), per batch bucket and
-    # prompt-length bucket: off by default until it is measured on a GPU (its eager form runs otherwise).
+    # prompt-length bucket: off by default (see OPT_IN; its eager form runs otherwise).
     prefill: bool = False
     # Inductor-compile each region's function (torch.compile, fullgraph) before its graphs are captured:
     # fewer, fused kernels per frame. Batch and length dimensions are compiled dynamic, so a backend
@@ -643,7 +643,8 @@ GRAPH_BACKENDS: dict[str, type[_GraphBackend]] = {
     DECODER_PREFILL: GraphedDecoderPrefill,
     CHUNK_DECODE: GraphedChunkDecode,
 }
-# Regions captured only when GraphOptions asks for them (not yet measured on a GPU).
+# Regions captured only when GraphOptions asks for them (measured on the H200 2026-12-04; opt-in while their
+# captures, one per batch and prompt-length bucket, happen during serving rather than in the warm-up).
 OPT_IN: dict[str, str] = {TALKER_PREFILL: "prefill", DECODER_PREFILL: "prefill"}
 
 
