@@ -374,13 +374,14 @@ def test_worker_profile_validates():
             WorkerProfile(out="x", **kw)
 
 
-def _first_audio_first_run(sched_factory, slack_s, step_delay_s=0.0):
-    """Four long streams play; once they have audio, a newcomer arrives. Returns (model, newcomer id)."""
+def _first_audio_first_run(sched_factory, slack_s, step_delay_s=0.001):
+    """Four long streams play (3,000 frames: still running when the newcomer ends, however fast the
+    machine); once they have audio, a newcomer arrives. Returns (model, scheduler, newcomer id)."""
     model = FakeSpeechModel(step_delay_s=step_delay_s)
     sched = sched_factory(model, max_active=8, max_queued=0, newcomer_slack_s=slack_s)
 
     async def main():
-        longs = [sched.submit(_req("L" * 300, seed=i)) for i in range(4)]
+        longs = [sched.submit(_req("L" * 3000, seed=i)) for i in range(4)]
         for h in longs:
             async for _ in h:
                 break
@@ -398,7 +399,7 @@ def _first_audio_first_run(sched_factory, slack_s, step_delay_s=0.0):
 
 
 def test_first_audio_first_steps_a_newcomer_alone_while_players_have_slack(sched_factory):
-    # The fake model makes 20 ms of audio per step in microseconds: the players' buffers are far ahead.
+    # The fake model makes 20 ms of audio per 1 ms step: the players' buffers are far ahead.
     model, sched, sid = _first_audio_first_run(sched_factory, slack_s=0.2)
     opened = model.open_at_step[sid]
     assert model.step_log[opened] == (sid,) and model.step_log[opened + 1] == (sid,)  # alone until first audio
