@@ -437,6 +437,8 @@ class Scheduler:
             return to_close, admit, list(self._active.values())
 
     def _pick_batch(self, running: list[StreamHandle]) -> list[StreamHandle]:
+        if self.newcomer_slack_s is None and len(running) <= self.max_batch:
+            return running  # the plain path: everyone, no sorting
         waiting = sorted((h for h in running if np.isnan(h.first_audio_at)), key=lambda h: h.submitted_at)
         started = [h for h in running if not np.isnan(h.first_audio_at)]
         if waiting and started and self.newcomer_slack_s is not None:

@@ -9,7 +9,7 @@ is not the full decode: measured error by the constants below. `push_many` advan
 once and decodes all their due blocks in one batched call of right-padded, masked windows
 (XCodec2Decoder.decode_windows, or a backend with its signature such as a CUDA graph; what a server step
 does): each stream gets the samples its own `push` gives, up to the batch's float rounding.
-Imports: torch, numpy, models.xcodec2, models.host_copy.
+Imports: torch, numpy, models.{xcodec2,host_copy,region_backends}.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from tilevox.models.host_copy import to_device, to_host
+from tilevox.models.region_backends import ChunkDecodeBackend
 from tilevox.models.xcodec2.model import XCodec2Decoder
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "STREAM_MIN_SNR_DB",
     "PendingPush",
     "StreamError",
-    "WindowDecode",
     "XCodec2StreamDecoder",
     "measure_stream_error",
     "push_many",
@@ -152,8 +151,8 @@ class XCodec2StreamDecoder:
             self._buffer_start = keep_from
         return samples
 
-    def flush(self, decode: WindowDecode | None = None) -> np.ndarray:
-        """End the utterance: return the samples of every frame not yet emitted. `decode`: a WindowDecode
+    def flush(self, decode: ChunkDecodeBackend | None = None) -> np.ndarray:
+        """End the utterance: return the samples of every frame not yet emitted. `decode`: a ChunkDecodeBackend
         (e.g. a CUDA-graph backend) for the last window instead of the decoder's forward."""
         if self._is_flushed:
             raise ValueError("flush called twice: this stream has ended")
@@ -178,18 +177,11 @@ def push_many(
     *,
     check_range: bool = True,
     batched: bool = True,
-    decode: WindowDecode | None = None,
+    decode: ChunkDecodeBackend | None = None,
 ) -> list[np.ndarray]:
     """`push` of codes[i] to streams[i] for every i (start_push_many, then its finish). Returns each
     stream's newly final samples."""
     return start_push_many(streams, codes, check_range=check_range, batched=batched, decode=decode).finish()
-
-
-class WindowDecode(Protocol):
-    """As XCodec2Decoder.decode_windows: right-padded windows (G, T) int64 and their frame counts (G,) int64
-    on the device -> (G, T * hop) float32 samples (row g's first lengths[g] * hop are its window's)."""
-
-    def __call__(self, codes: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
 
 
 def start_push_many(
@@ -198,7 +190,7 @@ def start_push_many(
     *,
     check_range: bool = True,
     batched: bool = True,
-    decode: WindowDecode | None = None,
+    decode: ChunkDecodeBackend | None = None,
 ) -> PendingPush:
     """Append codes[i] to streams[i] for every i and launch the decode of every stream's due blocks: with
     `batched` (the default) all of them in one call of `decode` (default: the decoder's decode_windows),

@@ -85,6 +85,25 @@ def test_qwen3_executor_equals_the_plain_path():
     assert model.codec_decode_backend.keys_used == {(1, 1)}
 
 
+def _staggered_audio(model, requests, join_at: tuple[int, ...]) -> list[np.ndarray]:
+    """Each request's audio when the first opens alone and request k joins the running ones (stepped
+    together) at step join_at[k - 1]; stepped until all end."""
+    assert len(join_at) == len(requests) - 1
+    ids = [model.open_stream(requests[0])]
+    audio: dict[int, list[np.ndarray]] = {ids[0]: []}
+    steps = 0
+    while live := [i for i in ids if i in model.open_stream_ids]:
+        steps += 1
+        if steps in join_at:
+            ids.append(model.open_stream(requests[len(ids)]))
+            audio[ids[-1]] = []
+            live.append(ids[-1])
+        for chunk in model.step(live):
+            audio[chunk.stream_id].append(chunk.samples)
+    assert len(ids) == len(requests)  # every join happened while a stream still ran
+    return [np.concatenate(audio[i]) for i in ids]
+
+
 def test_batched_codec_decode_equals_each_stream_alone():
     """Streams of different lengths joining and leaving: each one's audio through the executor's codec
     decode (padded to a batch bucket, rows of the pool) equals its audio decoded alone on the plain path."""
@@ -92,19 +111,8 @@ def test_batched_codec_decode_equals_each_stream_alone():
     alone = [synthesize(_qwen3(), r).samples for r in requests]
     model = _qwen3()
     install_graph_regions(model, [CODEC_DECODE], EAGER)
-    ids = [model.open_stream(requests[0])]
-    audio: dict[int, list[np.ndarray]] = {ids[0]: []}
-    steps = 0
-    while live := [i for i in ids if i in model.open_stream_ids]:
-        steps += 1
-        if steps in (3, 6):  # join mid-way, beside running streams
-            ids.append(model.open_stream(requests[len(ids)]))
-            audio[ids[-1]] = []
-            live.append(ids[-1])
-        for chunk in model.step(live):
-            audio[chunk.stream_id].append(chunk.samples)
-    for n, stream_id in enumerate(ids):
-        np.testing.assert_allclose(np.concatenate(audio[stream_id]), alone[n], atol=1e-5, rtol=0)
+    for got, want in zip(_staggered_audio(model, requests, join_at=(3, 6)), alone, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     assert {bucket for bucket, _ in model.codec_decode_backend.keys_used} >= {1, 2, 4}  # 3 streams: bucket 4
 
 
@@ -138,19 +146,9 @@ def test_llasa_block_decodes_of_staggered_streams_equal_each_stream_alone():
     alone = [synthesize(_llasa(), r).samples for r in requests]
     model = _llasa()
     install_graph_regions(model, [CHUNK_DECODE], EAGER)
-    ids = [model.open_stream(requests[0])]
-    audio: dict[int, list[np.ndarray]] = {ids[0]: []}
-    steps = 0
-    while live := [i for i in ids if i in model.open_stream_ids]:
-        steps += 1
-        if steps in (4, 11):  # join mid-way: their block boundaries fall on other steps
-            ids.append(model.open_stream(requests[len(ids)]))
-            audio[ids[-1]] = []
-            live.append(ids[-1])
-        for chunk in model.step(live):
-            audio[chunk.stream_id].append(chunk.samples)
-    for n, stream_id in enumerate(ids):
-        np.testing.assert_allclose(np.concatenate(audio[stream_id]), alone[n], atol=1e-5, rtol=0)
+    # join mid-way at steps 4 and 11: their block boundaries fall on other steps
+    for got, want in zip(_staggered_audio(model, requests, join_at=(4, 11)), alone, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     assert {width for _, width in model.chunk_decode_backend.keys_used} == {64, 128}  # windows of 13..89 frames
     assert max(bucket for bucket, _ in model.chunk_decode_backend.keys_used) >= 2
 
