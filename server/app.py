@@ -32,7 +32,7 @@ from tilevox.server.http_api import build_http_app
 from tilevox.server.logs import log_event
 from tilevox.server.metrics import ServerMetrics
 from tilevox.server.profiling import WorkerProfile
-from tilevox.server.scheduler import Scheduler
+from tilevox.server.scheduler import Scheduler, SynthesisFailed
 from tilevox.server.state import ServerState
 from tilevox.server.voices import VoiceCatalog
 from tilevox.server.ws import serve_websocket
@@ -236,26 +236,50 @@ class ServerHandle:
     async def _warm_up(self) -> None:
         """Short syntheses before /ready turns true, so the first clients do not pay for lazy
         initialisation (allocator growth, kernel selection, codec buffers, CUDA-graph capture): for each
-        level of `warmup_streams`, that many streams at once."""
+        level of `warmup_streams`, that many streams at once; then each longer text of `warmup_words` at the
+        levels up to the scheduler's largest prefill batch, so that the executor's captured prefill has each
+        (batch bucket, prompt-length bucket) too. The longest lengths stop at the first the model refuses."""
         started = time.perf_counter()
-        for level in self.state.config.warmup_streams:
-            requests = [SynthesisRequest(text="Warm up.", seed=n, max_duration_s=0.2) for n in range(level)]
-            handles = []
-            try:
-                for request in requests:
-                    handles.append(self.state.scheduler.submit(request))
-            except ValueError as exc:  # e.g. a model that needs a voice prompt: serve cold, and say so
-                for handle in handles:
-                    handle.cancel()
-                log_event(log, "server.warmup_skipped", level=logging.WARNING, reason=str(exc))
-                return
-            await asyncio.gather(*(handle.collect() for handle in handles))
+        config = self.state.config
+        prefill_levels = [n for n in config.warmup_streams if n <= self.state.scheduler.max_prefill_batch]
+        for words in config.warmup_words:
+            text = "Warm up." + " word" * words
+            for level in config.warmup_streams if words == 0 else prefill_levels:
+                refused = await self._warm_level(text, level)
+                if refused is not None:
+                    break
+            if refused is not None:
+                # words == 0: e.g. a model that needs a voice prompt, served cold; longer: a prompt past the
+                # model's context, so this length and the longer ones are captured when first used, if ever
+                log_event(
+                    log,
+                    "server.warmup_skipped" if words == 0 else "server.warmup_longest",
+                    level=logging.WARNING if words == 0 else logging.INFO,
+                    words=words,
+                    streams=level,
+                    reason=refused,
+                )
+                break
         log_event(
             log,
             "server.warmed_up",
             seconds=round(time.perf_counter() - started, 3),
-            levels=list(self.state.config.warmup_streams),
+            levels=list(config.warmup_streams),
+            words=list(config.warmup_words),
         )
+
+    async def _warm_level(self, text: str, level: int) -> str | None:
+        """`level` streams of `text` at once; the reason if the model refused them."""
+        handles = []
+        try:
+            for seed in range(level):
+                handles.append(self.state.scheduler.submit(SynthesisRequest(text=text, seed=seed, max_duration_s=0.2)))
+            await asyncio.gather(*(handle.collect() for handle in handles))
+        except (ValueError, SynthesisFailed) as exc:
+            for handle in handles:
+                handle.cancel()
+            return str(exc)
+        return None
 
     # ---- background-thread mode (tests, benchmark) ----------------------------------------
     def start(self, timeout_s: float = 60.0) -> ServerHandle:

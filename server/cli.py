@@ -92,10 +92,11 @@ def _add_model_options(p) -> None:
     )
     p.add_argument(
         "--graph-prefill",
-        default="off",
-        choices=["on", "off"],
-        help="with the executor: also capture the Qwen3-TTS talker prefill in CUDA graphs (per batch and "
-        "prompt-length bucket); off by default: not yet measured on a GPU",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="with the executor: also capture the batched prefill (Qwen3-TTS talker_prefill, Llasa "
+        "decoder_prefill) in CUDA graphs, per batch and prompt-length bucket; auto = on whenever the "
+        "executor runs (the serve warm-up captures the buckets of prompts up to about 500 words)",
     )
     p.add_argument(
         "--compile",
@@ -150,6 +151,12 @@ def _fused_swiglu_mode(args: argparse.Namespace):
     return mode
 
 
+# Warm-up text lengths in words beyond "Warm up.", doubling, so that the prompts (about a token a word for a
+# BPE tokenizer, a few for a byte-level one) reach each prompt-length bucket of the captured prefill
+# (executor.graphs.MIN_PROMPT_BUCKET doubling) up to the model's context or about 1,000 tokens.
+WARMUP_WORDS: tuple[int, ...] = (0, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
 def _warmup_streams(max_streams: int) -> tuple[int, ...]:
     """The executor's batch buckets up to max_streams (and max_streams itself): the warm-up levels that
     capture every batch size's graphs before the server reports ready."""
@@ -194,7 +201,7 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
 def _graph_options(args: argparse.Namespace):
     from tilevox.executor import GraphOptions
 
-    return GraphOptions(compile=args.compile == "on", prefill=args.graph_prefill == "on")
+    return GraphOptions(compile=args.compile == "on", prefill=args.graph_prefill != "off")
 
 
 def _install_plan(model, args: argparse.Namespace, device: str) -> bool:
@@ -464,6 +471,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_streams=max_streams,
         max_queued=max_streams if args.max_queued is None else args.max_queued,
         warmup_streams=_warmup_streams(max_streams) if graphs else (1,),
+        warmup_words=WARMUP_WORDS if graphs else (0,),
     )
 
     def on_ready(handle) -> None:

@@ -31,6 +31,10 @@ class ServerConfig:
     # `tilevox serve` passes the executor's batch buckets when CUDA graphs are on, so that their graphs are
     # captured before the first client instead of while clients' streams wait.
     warmup_streams: tuple[int, ...] = (1,)
+    # Text lengths of the warm-up, in words added to a short sentence: each level runs once per length, so
+    # that prompt-length buckets (captured prefill) and key-length buckets (captured steps) are captured
+    # before /ready too. `tilevox serve` passes WARMUP_WORDS with the executor on, (0,) otherwise.
+    warmup_words: tuple[int, ...] = (0,)
     # First audio first (Scheduler): steps carry streams still waiting for first audio alone while every
     # playing stream has this much audio buffered; None (default) = every step carries every running stream.
     newcomer_slack_s: float | None = None
@@ -65,6 +69,8 @@ class ServerConfig:
             raise ValueError(
                 f"warmup_streams must be levels in [1, max_streams={self.max_streams}], got {self.warmup_streams}"
             )
+        if not self.warmup_words or not all(n >= 0 for n in self.warmup_words):
+            raise ValueError(f"warmup_words must be word counts >= 0, got {self.warmup_words}")
         if self.newcomer_slack_s is not None and not self.newcomer_slack_s >= 0:
             raise ValueError(f"newcomer_slack_s must be >= 0 or None, got {self.newcomer_slack_s}")
         if self.profile_steps < 0 or self.profile_skip < 0 or self.profile_min_batch < 1:

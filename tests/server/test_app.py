@@ -154,13 +154,37 @@ def test_warm_up_runs_each_level_at_once_so_the_executor_captures_those_batch_si
 
     assert _warmup_streams(256)[-3:] == (128, 192, 256) and _warmup_streams(40) == (1, 2, 4, 8, 16, 24, 32, 40)
     model = load_model("random:qwen3-tts-tiny")
-    install_graph_regions(model, options=GraphOptions(capture=False))
-    server = make_server(model, max_streams=4, warmup_streams=(1, 3, 4))
+    install_graph_regions(model, options=GraphOptions(capture=False, prefill=True))
+    server = make_server(model, max_streams=4, warmup_streams=(1, 3, 4), warmup_words=(0, 4))
     try:
         assert server.state.is_ready
         buckets = {key[0] for key in model.talker_step_backend.keys_used}
         assert {1, 4} <= buckets
         assert {key[0] for key in model.codec_decode_backend.keys_used} >= {1, 4}
+        # each text length reached its own prompt-length bucket, at each level
+        assert {(1, 32), (4, 32), (1, 64), (4, 64)} <= model.talker_prefill_backend.keys_used
+        assert server.state.scheduler.num_active == 0
+    finally:
+        server.stop()
+
+
+def test_warm_up_stops_at_a_text_length_the_model_refuses_and_becomes_ready(caplog):
+    """A warm-up length longer than the model's context is refused like any request: the warm-up logs it,
+    skips the longer lengths and the server becomes ready."""
+    import logging
+
+    from tests.server.conftest import make_server
+    from tilevox.models.registry import load_model
+
+    model = load_model("random:qwen3-tts-tiny")
+    too_long = model.options.max_seq_len + 10
+    caplog.set_level(logging.INFO, logger="tilevox")
+    server = make_server(model, max_streams=2, warmup_streams=(1, 2), warmup_words=(0, too_long, 3))
+    try:
+        assert server.state.is_ready
+        skipped = [r for r in caplog.records if r.getMessage() == "server.warmup_longest"]
+        assert len(skipped) == 1 and "too long" in skipped[0].fields["reason"], [r.fields for r in skipped]
+        assert skipped[0].fields["words"] == too_long
         assert server.state.scheduler.num_active == 0
     finally:
         server.stop()

@@ -115,7 +115,11 @@ def test_synth_unreadable_checkpoint(tmp_path):
 
 @pytest.mark.parametrize(
     "flag,expected",
-    [("on", {"talker_step", "code_predictor_loop", "codec_decode", "token_sampling"}), ("auto", set()), ("off", set())],
+    [
+        ("on", {"talker_step", "code_predictor_loop", "codec_decode", "token_sampling", "talker_prefill"}),
+        ("auto", set()),
+        ("off", set()),
+    ],
 )
 def test_synth_cuda_graphs_flag_installs_the_executor(tmp_path, caplog, flag, expected):
     """--cuda-graphs on runs the executor's region backends (eagerly on a CPU); auto leaves a CPU model plain."""
@@ -146,8 +150,13 @@ def test_synth_graph_prefill_flag_installs_the_prefill_region(tmp_path, caplog):
 
     caplog.set_level(logging.INFO, logger="tilevox.executor")
     argv = ["synth", "--model", "random:qwen3-tts-tiny", "--text", "Hi", "--out", str(tmp_path / "x.wav")]
-    assert main([*argv, "--max-duration", "0.3", "--cuda-graphs", "on", "--graph-prefill", "on", "--quiet"]) == 0
-    assert any(r.getMessage() == "region talker_prefill: executor (eager)" for r in caplog.records)
+    for flag in (["--graph-prefill", "on"], []):  # auto (the default): on wherever the executor runs
+        caplog.clear()
+        assert main([*argv, "--max-duration", "0.3", "--cuda-graphs", "on", *flag, "--quiet"]) == 0
+        assert any(r.getMessage() == "region talker_prefill: executor (eager)" for r in caplog.records), flag
     caplog.clear()
-    assert main([*argv, "--max-duration", "0.3", "--cuda-graphs", "on", "--quiet"]) == 0
+    assert main([*argv, "--max-duration", "0.3", "--cuda-graphs", "on", "--graph-prefill", "off", "--quiet"]) == 0
     assert any("region talker_prefill: off" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    assert main([*argv, "--max-duration", "0.3", "--quiet"]) == 0  # no executor on a CPU: auto asks for nothing
+    assert not any("talker_prefill" in r.getMessage() for r in caplog.records)
