@@ -94,6 +94,10 @@ class GraphOptions:
     # Capture the batched prefill too (regions talker_prefill, decoder_prefill), per batch bucket and
     # prompt-length bucket: off by default (see OPT_IN; its eager form runs otherwise).
     prefill: bool = False
+    # Padded positions (batch bucket x prompt-length bucket) of one captured prefill: a larger batch runs as
+    # several graphs of fewer rows. Bounds the activations a prefill graph holds: 16 prompts padded to
+    # 2,048 positions asked for 8 GiB of attention scores on Llama-1B (H200, 2026-12-04, the serve warm-up).
+    prefill_tokens: int = 8192
     # Inductor-compile each region's function (torch.compile, fullgraph) before its graphs are captured:
     # fewer, fused kernels per frame. Batch and length dimensions are compiled dynamic, so a backend
     # compiles twice (batch 1, then every other bucket and length) and the server's warm-up does both.
@@ -102,6 +106,8 @@ class GraphOptions:
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= BATCH_BUCKETS[-1]:
             raise ValueError(f"max_batch must be in [1, {BATCH_BUCKETS[-1]}], got {self.max_batch}")
+        if self.prefill_tokens < MIN_PROMPT_BUCKET:
+            raise ValueError(f"prefill_tokens must be >= {MIN_PROMPT_BUCKET}, got {self.prefill_tokens}")
 
 
 def batch_bucket(batch: int) -> int:
@@ -294,6 +300,14 @@ class GraphedTalkerStep(_GraphBackend):
         return hidden[:batch].clone(), logits[:batch].clone()
 
 
+def _row_parts(batch: int, span: int, budget: int) -> list[slice]:
+    """Rows of a prefill in parts whose padded size (batch bucket x span) stays within `budget` positions
+    (a single row may exceed it: a prompt is never split)."""
+    rows = max(1, budget // span)
+    rows = max([b for b in BATCH_BUCKETS if b <= rows], default=1)
+    return [slice(first, min(batch, first + rows)) for first in range(0, batch, rows)]
+
+
 class GraphedTalkerPrefill(_GraphBackend):
     """Talker.forward_prompts of right-padded prompts from position 0 (the TalkerPrefillBackend protocol),
     one graph per (batch bucket, prompt-length bucket). The prompts are padded further, to the length
@@ -331,6 +345,14 @@ class GraphedTalkerPrefill(_GraphBackend):
             return self.talker.forward_prompts(inputs, view, last)
         self._cache = view.cache
         span = length_bucket(length, MIN_PROMPT_BUCKET, view.cache.max_len)
+        parts = [
+            self._prefill_rows(inputs[part], view.slots[part], last[part], span)
+            for part in _row_parts(batch, span, self.options.prefill_tokens)
+        ]
+        return torch.cat([h for h, _ in parts]), torch.cat([g for _, g in parts])
+
+    def _prefill_rows(self, inputs, slots, last, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, length = inputs.shape[:2]
         bucket, rows = self._rows(batch)
         padded = inputs.new_zeros(bucket, span, inputs.shape[2])
         padded[:, :length] = inputs[rows]
@@ -338,11 +360,11 @@ class GraphedTalkerPrefill(_GraphBackend):
         hidden, logits = self.graphs.run(
             (bucket, span),
             self._run_prefill,
-            {"x": padded, "slots": view.slots[rows], "last": last[rows]},
+            {"x": padded, "slots": slots[rows], "last": last[rows]},
             dynamic={"x": (0, 1), "slots": (0,), "last": (0,)},
         )
         self.num_graph_calls += 1
-        return hidden[:batch].clone(), logits[:batch].clone()
+        return hidden[:batch].clone(), logits[:batch].clone()  # cloned before the next part replays
 
 
 class GraphedDecoderPrefill(_GraphBackend):
@@ -374,10 +396,23 @@ class GraphedDecoderPrefill(_GraphBackend):
             return self.llama.prefill_many(cache, slots, prompts)
         self._cache = cache
         span = length_bucket(length, MIN_PROMPT_BUCKET, cache.max_seq_len)
+        where = self._host_rows([(int(s), n - 1) for s, n in zip(slots, lengths)], torch.int64)
+        logits = torch.cat(
+            [
+                self._prefill_rows(tokens[part], where[part], span)
+                for part in _row_parts(batch, span, self.options.prefill_tokens)
+            ]
+        )
+        for slot, n in zip(slots, lengths):
+            cache.lengths[int(slot)] = n
+        return logits
+
+    def _prefill_rows(self, tokens: torch.Tensor, where: torch.Tensor, span: int) -> torch.Tensor:
+        batch, length = tokens.shape
         bucket, rows = self._rows(batch)
         padded = tokens.new_zeros(bucket, span)
         padded[:, :length] = tokens[rows]
-        where = self._host_rows([(int(s), n - 1) for s, n in zip(slots, lengths)], torch.int64)[rows]
+        where = where[rows]
         self.keys_used.add((bucket, span))
         logits = self.graphs.run(
             (bucket, span),
@@ -385,10 +420,8 @@ class GraphedDecoderPrefill(_GraphBackend):
             {"tokens": padded, "slots": where[:, 0].contiguous(), "last": where[:, 1].contiguous()},
             dynamic={"tokens": (0, 1), "slots": (0,), "last": (0,)},
         )
-        for slot, n in zip(slots, lengths):
-            cache.lengths[int(slot)] = n
         self.num_graph_calls += 1
-        return logits[:batch].clone()
+        return logits[:batch].clone()  # cloned before the next part replays
 
 
 class GraphedCodePredictorLoop(_GraphBackend):

@@ -267,16 +267,19 @@ def test_compiled_regions_equal_the_plain_path_and_compile_once_per_batch_kind()
     assert model.talker_step_backend.keys_used >= {(4, 256), (2, 256)}
 
 
-def test_the_prefill_region_pads_to_buckets_and_equals_the_plain_prefill():
+@pytest.mark.parametrize("prefill_tokens", [8192, 100])
+def test_the_prefill_region_pads_to_buckets_and_equals_the_plain_prefill(prefill_tokens):
     """GraphOptions(prefill=True): three prompts of different lengths prefilled together (padded to batch
-    bucket 4 and a prompt-length bucket) give the plain path's greedy frames and audio."""
+    bucket 4 and a prompt-length bucket) give the plain path's greedy frames and audio; with a prefill_tokens
+    budget below 4 rows of that bucket, the rows run in parts of fewer rows, with the same results."""
     texts = ["Short", "A somewhat longer prompt for the batch", "Middle length text"]
     requests = [_greedy(text, 1.0) for text in texts]
 
     def run(install: bool):
         model = _qwen3()
         if install:
-            install_graph_regions(model, [TALKER_PREFILL], GraphOptions(capture=False, prefill=True))
+            options = GraphOptions(capture=False, prefill=True, prefill_tokens=prefill_tokens)
+            install_graph_regions(model, [TALKER_PREFILL], options)
         frames: dict[int, list[torch.Tensor]] = {}
         model.frame_observer = lambda sid, codes: frames.setdefault(sid, []).append(codes)
         ids = model.open_streams(requests)
@@ -288,24 +291,34 @@ def test_the_prefill_region_pads_to_buckets_and_equals_the_plain_prefill():
 
     plain_model, plain = run(False)
     model, got = run(True)
-    ((bucket, span),) = model.talker_prefill_backend.keys_used  # one call: 3 prompts padded to 4 rows
-    assert bucket == 4 and span >= 32 and span & (span - 1) == 0
-    assert model.talker_prefill_backend.num_graph_calls == 1
+    keys = model.talker_prefill_backend.keys_used
+    if prefill_tokens == 8192:  # one call: 3 prompts padded to 4 rows
+        ((bucket, span),) = keys
+        assert bucket == 4 and span >= 32 and span & (span - 1) == 0
+        assert model.talker_prefill_backend.num_graph_calls == 1
+    else:  # parts of at most prefill_tokens padded positions, each prompt whole
+        assert {bucket for bucket, _ in keys} <= {1, 2} and all(
+            bucket * span <= 100 or bucket == 1 for bucket, span in keys
+        )
+        assert model.talker_prefill_backend.num_graph_calls >= 2
     for (frames, audio), (want_frames, want_audio) in zip(got, plain):
         assert frames.shape[0] > 5 and torch.equal(frames, want_frames)
         np.testing.assert_allclose(audio, want_audio, atol=1e-4, rtol=0)
 
 
-def test_the_llasa_prefill_region_pads_to_buckets_and_equals_prefill_many():
+@pytest.mark.parametrize("prefill_tokens", [8192, 100])
+def test_the_llasa_prefill_region_pads_to_buckets_and_equals_prefill_many(prefill_tokens):
     """decoder_prefill (GraphOptions(prefill=True)): three prompts in one call, padded to batch bucket 4 and
-    a length bucket: the same greedy tokens as the plain batched prefill, and the slots' lengths set."""
+    a length bucket: the same greedy tokens as the plain batched prefill, and the slots' lengths set; with a
+    small prefill_tokens budget, in parts of fewer rows, the same tokens."""
     texts = ["Short", "A somewhat longer prompt for the batch", "Middle length text"]
     requests = [_greedy(text, 0.3) for text in texts]
 
     def run(install: bool):
         model = _llasa()
         if install:
-            install_graph_regions(model, [DECODER_PREFILL], GraphOptions(capture=False, prefill=True))
+            options = GraphOptions(capture=False, prefill=True, prefill_tokens=prefill_tokens)
+            install_graph_regions(model, [DECODER_PREFILL], options)
         tokens: dict[int, list[int]] = {}
         model.token_observer = lambda sid, token: tokens.setdefault(sid, []).append(token)
         ids = model.open_streams(requests)
@@ -315,6 +328,10 @@ def test_the_llasa_prefill_region_pads_to_buckets_and_equals_prefill_many():
 
     _, plain = run(False)
     model, got = run(True)
-    ((bucket, span),) = model.decoder_prefill_backend.keys_used
-    assert bucket == 4 and span >= 32 and model.decoder_prefill_backend.num_graph_calls == 1
+    keys = model.decoder_prefill_backend.keys_used
+    if prefill_tokens == 8192:
+        ((bucket, span),) = keys
+        assert bucket == 4 and span >= 32 and model.decoder_prefill_backend.num_graph_calls == 1
+    else:
+        assert {bucket for bucket, _ in keys} <= {1, 2} and model.decoder_prefill_backend.num_graph_calls >= 2
     assert all(len(t) > 5 for t in plain) and got == plain
