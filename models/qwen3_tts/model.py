@@ -237,7 +237,17 @@ class Qwen3TTSSpeechModel(SpeechModel):
     # ---- requests -------------------------------------------------------------------------
 
     def validate(self, request: SynthesisRequest) -> None:
-        self._prompt_spec(request)
+        self._layout(request)
+
+    def _layout(self, request: SynthesisRequest):
+        """(prompt spec, prompt layout) of a valid request; RequestError if its prompt exceeds the context."""
+        spec = self._prompt_spec(request)
+        layout = build_layout(spec, self.config, self.text_tokenizer)
+        if len(layout) + 1 > self.options.max_seq_len:
+            raise RequestError(
+                f"text too long: the prompt has {len(layout)} positions, this model holds {self.options.max_seq_len}"
+            )
+        return spec, layout
 
     def _prompt_spec(self, request: SynthesisRequest) -> PromptSpec:
         kind = self.config.tts_model_type
@@ -346,12 +356,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
         return out
 
     def _prepare(self, request: SynthesisRequest) -> _Prepared:
-        spec = self._prompt_spec(request)
-        layout = build_layout(spec, self.config, self.text_tokenizer)
-        if len(layout) + 1 > self.options.max_seq_len:
-            raise RequestError(
-                f"text too long: the prompt has {len(layout)} positions, this model holds {self.options.max_seq_len}"
-            )
+        spec, layout = self._layout(request)
         talker_params, predictor_params = self._sampling(request)
         speaker_vector = ref_codes = None
         chunked = self.options.decode_mode == "official_chunked"

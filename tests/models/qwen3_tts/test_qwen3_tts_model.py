@@ -161,6 +161,9 @@ def test_voices_and_request_errors(model):
     for kwargs, word in bad:
         with pytest.raises(RequestError, match=word):
             model.open_stream(SynthesisRequest(text="hello", **kwargs))
+    # a prompt past the context is refused by validate (the server's submit: HTTP 400), not by the prefill
+    with pytest.raises(RequestError, match="text too long"):
+        model.validate(SynthesisRequest(text="word " * model.options.max_seq_len))
     assert model.open_stream_ids == ()
 
 
