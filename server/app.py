@@ -39,6 +39,12 @@ from tilevox.server.ws import serve_websocket
 
 __all__ = ["BoundPorts", "PortInUseError", "ServerHandle", "bind_ports", "build_state", "serve"]
 
+# Audio per warm-up stream: at every level long enough for a stream's first codec chunk (Llasa's first XCodec2
+# block needs 13 frames, 0.26 s), so the chunk decode of each batch bucket is captured too, not at the first
+# clients' first audio; the longer texts need only their prefill and a few steps.
+WARMUP_AUDIO_S = 0.4
+WARMUP_LONG_TEXT_AUDIO_S = 0.1
+
 log = logging.getLogger("tilevox.app")
 
 
@@ -245,7 +251,9 @@ class ServerHandle:
         for words in config.warmup_words:
             text = "Warm up." + " word" * words
             for level in config.warmup_streams if words == 0 else prefill_levels:
-                refused = await self._warm_level(text, level)
+                refused = await self._warm_level(
+                    text, level, WARMUP_AUDIO_S if words == 0 else WARMUP_LONG_TEXT_AUDIO_S
+                )
                 if refused is not None:
                     break
             if refused is not None:
@@ -268,12 +276,14 @@ class ServerHandle:
             words=list(config.warmup_words),
         )
 
-    async def _warm_level(self, text: str, level: int) -> str | None:
-        """`level` streams of `text` at once; the reason if the model refused them."""
+    async def _warm_level(self, text: str, level: int, audio_s: float) -> str | None:
+        """`level` streams of `text` (`audio_s` of audio each) at once; the reason if the model refused them."""
         handles = []
         try:
             for seed in range(level):
-                handles.append(self.state.scheduler.submit(SynthesisRequest(text=text, seed=seed, max_duration_s=0.2)))
+                handles.append(
+                    self.state.scheduler.submit(SynthesisRequest(text=text, seed=seed, max_duration_s=audio_s))
+                )
             await asyncio.gather(*(handle.collect() for handle in handles))
         except (ValueError, SynthesisFailed) as exc:
             for handle in handles:

@@ -168,6 +168,23 @@ def test_warm_up_runs_each_level_at_once_so_the_executor_captures_those_batch_si
         server.stop()
 
 
+def test_warm_up_streams_reach_their_first_codec_chunk_so_the_chunk_decode_is_captured():
+    """Llasa's first XCodec2 block needs 13 frames: the warm-up streams are long enough that each level's
+    batched block decode (region chunk_decode) runs before /ready, not at the first clients' first audio."""
+    from tests.server.conftest import make_server
+    from tilevox.executor import GraphOptions, install_graph_regions
+    from tilevox.models.registry import load_model
+
+    model = load_model("random:llama-tiny")
+    install_graph_regions(model, options=GraphOptions(capture=False))
+    server = make_server(model, max_streams=4, warmup_streams=(1, 4))
+    try:
+        assert server.state.is_ready
+        assert {(1, 64), (4, 64)} <= model.chunk_decode_backend.keys_used
+    finally:
+        server.stop()
+
+
 def test_warm_up_stops_at_a_text_length_the_model_refuses_and_becomes_ready(caplog):
     """A warm-up length longer than the model's context is refused like any request: the warm-up logs it,
     skips the longer lengths and the server becomes ready."""
