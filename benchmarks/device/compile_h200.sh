@@ -10,6 +10,7 @@
 #   build MODEL BATCHES    `tilevox build` (graph vs megakernel per region and bucket) with the kernel library
 #                          built here (`python -m tilevox.trt_plugins.build`), copied to .kernels/ and carried
 #                          (outside trt_plugins/build, so that the parts before it run without fused kernels)
+#   nhframes               NH-TTS region timings (benchmarks/device/nh_tts_frames.py), batch 1 and 32, eager and graphs
 #   sampling               the sampling draw with and without executor.sampling.filter_plan's shortcuts
 #   pack                   everything in $OUT into results.tgz (a call brings back 8 files at most)
 # Serve flags go after the bench part's SECONDS, e.g. `--cuda-graphs on --graph-prefill on --`.
@@ -61,6 +62,9 @@ while [ $# -gt 0 ]; do
       export TILEVOX_KERNELS_LIB=${TILEVOX_KERNELS_LIB:-$repo/.kernels/libtilevox_kernels.so}
       timeout 300 python3 -m tilevox.server.cli build --model "$model" --batches "$batches" \
         --out "$OUT/build_${model#random:}" 2>&1 | tail -8 | sed "s|^|build $model: |" | tee -a "$OUT/build.log" ;;
+    nhframes)  # benchmarks/device/nh_tts_frames.py: NH-TTS (Dia-1.6B shapes) encoder, decoder step, DAC chunk
+      timeout 300 python3 -m benchmarks.device.nh_tts_frames --out "$OUT/nh_tts_frames.json" 2>&1 | tail -20 \
+        | tee "$OUT/nhframes.log" ;;
     sampling)  # benchmarks/sampling_plan.py: the draw with and without filter_plan's shortcuts, CUDA graphs
       timeout 120 python3 -m benchmarks.sampling_plan --out "$OUT/sampling_plan.json" 2>&1 | tee "$OUT/sampling.log" ;;
     pack)  # everything so far into one archive (a call brings back 8 files at most)
