@@ -51,6 +51,12 @@ FAMILIES: tuple[Family, ...] = (
         checkpoint_type="qwen3_tts",
         options=("decode_mode",),
     ),
+    Family(
+        name="nh_tts",
+        presets="tilevox.models.nh_tts.presets:NH_TTS_PRESETS",
+        loader="tilevox.models.nh_tts.loader",
+        checkpoint_type="dia",
+    ),
 )
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
