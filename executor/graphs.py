@@ -40,8 +40,10 @@ from tilevox.models.region_backends import (
     CHUNK_DECODE,
     CODE_PREDICTOR_LOOP,
     CODEC_DECODE,
+    DAC_CHUNK,
     DECODER_PREFILL,
     DECODER_STEP,
+    NH_DECODER_STEP,
     TALKER_PREFILL,
     TALKER_STEP,
     TOKEN_SAMPLING,
@@ -65,8 +67,10 @@ __all__ = [
     "GraphedChunkDecode",
     "GraphedCodePredictorLoop",
     "GraphedCodecDecode",
+    "GraphedDacChunk",
     "GraphedDecoderPrefill",
     "GraphedDecoderStep",
+    "GraphedNhDecoderStep",
     "GraphedTalkerPrefill",
     "GraphedTalkerStep",
     "GraphedTokenSampling",
@@ -83,6 +87,8 @@ BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 
 MIN_KEY_BUCKET = 256
 MIN_HISTORY_BUCKET = 64
 WINDOW_BUCKET = 64  # frames of a captured XCodec2 window decode: multiples of this
+DAC_WINDOW_BUCKET = 16  # frames of a captured DAC window decode (NH-TTS): multiples of this
+MIN_TEXT_BUCKET = 64  # text positions an NH-TTS step cross-attends: powers of two from here, capped at the cache
 MIN_PROMPT_BUCKET = 32  # prompt lengths of a captured prefill: powers of two from here, capped at the cache
 RECOMPILE_LIMIT = 32  # compilations per region function under GraphOptions(compile=True), all models together
 
@@ -588,13 +594,18 @@ class GraphedChunkDecode(_GraphBackend):
         self.decoder = decoder
         self._run_decode = self._compiled(decoder.decode_windows)
 
+    width_bucket = WINDOW_BUCKET
+
+    def _hop(self) -> int:
+        return self.decoder.hop_samples
+
     def __call__(self, codes: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        batch, frames = codes.shape
+        batch, frames = codes.shape[0], codes.shape[-1]  # codes (G, frames) or (G, codebooks, frames)
         if batch > self.options.max_batch:
             self._fallback(f"batch {batch} above max_batch {self.options.max_batch}")
             return self.decoder.decode_windows(codes, lengths)
         bucket, index = self._rows(batch)
-        width = -(-frames // WINDOW_BUCKET) * WINDOW_BUCKET
+        width = -(-frames // self.width_bucket) * self.width_bucket
         padded = torch.nn.functional.pad(codes.to(torch.int64), (0, width - frames))
         self.keys_used.add((bucket, width))
         wav = self.graphs.run(
@@ -604,7 +615,75 @@ class GraphedChunkDecode(_GraphBackend):
             dynamic={"codes": (0,), "lengths": (0,)},  # widths compile apart (a few multiples of 64)
         )
         self.num_graph_calls += 1
-        return wav[:batch, : frames * self.decoder.hop_samples].clone()
+        return wav[:batch, : frames * self._hop()].clone()
+
+
+class GraphedDacChunk(GraphedChunkDecode):
+    """DacCodec.decode_windows for NH-TTS (region dac_chunk): as GraphedChunkDecode, codes (G, codebooks,
+    frames) and widths in multiples of DAC_WINDOW_BUCKET (a DAC window is at most 28 frames)."""
+
+    name = DAC_CHUNK
+    width_bucket = DAC_WINDOW_BUCKET
+
+    def _hop(self) -> int:
+        return self.decoder.hop_length
+
+
+class GraphedNhDecoderStep(_GraphBackend):
+    """NhTtsNetwork.step of one new position per cache row (NH-TTS region nh_decoder_step): one graph per
+    (batch bucket, key bucket, text bucket); self-attention reads the key bucket and cross-attention the
+    text bucket (powers of two from MIN_TEXT_BUCKET), each masked per row as the eager path masks. A
+    several-position call (a stream's prompt) runs the conventional path."""
+
+    name = NH_DECODER_STEP
+
+    def __init__(self, network: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
+        super().__init__(network, options)
+        self.network = network
+        self._cache = None
+        self._run_step = self._compiled(self._step)
+
+    def _step(self, codes: torch.Tensor, where: torch.Tensor, keys: torch.Tensor, text: torch.Tensor):
+        decoder = self.network.decoder
+        hidden = decoder.forward_static(
+            self._cache, where[:, 0], where[:, 1:2], codes, num_keys=keys.shape[0], num_text=text.shape[0]
+        )
+        return self.network.logits_dense(hidden).view(hidden.shape[0], codes.shape[2], -1)
+
+    def __call__(self, cache, rows: Sequence[int], codes: torch.Tensor) -> torch.Tensor:
+        rows = [int(r) for r in rows]
+        batch, steps = codes.shape[:2]
+        reason = None
+        if steps != 1:
+            reason = "a call of several positions (a stream's prompt)"
+        elif batch > self.options.max_batch:
+            reason = f"batch {batch} above max_batch {self.options.max_batch}"
+        elif self._cache is not None and cache is not self._cache:
+            reason = "another decoder cache than the one the graphs were captured on"
+        elif len(rows) != batch or len(set(rows)) != batch or not all(cache.is_allocated(r) for r in rows):
+            reason = "rows that are not distinct allocated rows"  # the conventional path raises its error
+        elif max(cache.lengths[r] for r in rows) + 1 > cache.max_seq_len:
+            reason = "a row without room for another position"
+        if reason is not None:
+            self._fallback(reason)
+            return self.network.step(cache, rows, codes)
+        self._cache = cache
+        positions = [cache.lengths[r] for r in rows]
+        keys = key_bucket(max(positions) + 1, cache.max_seq_len)
+        text = length_bucket(max(cache.text_lengths[r] for r in rows), MIN_TEXT_BUCKET, cache.max_text_len)
+        bucket, index = self._rows(batch)
+        where = self._host_rows(list(zip(rows, positions)), torch.int64)
+        self.keys_used.add((bucket, keys, text))
+        logits = self.graphs.run(
+            (bucket, keys, text),
+            self._run_step,
+            {"codes": codes[index], "where": where[index], "keys": self._span(keys), "text": self._span(text)},
+            dynamic={"codes": (0,), "where": (0,), "keys": (0,), "text": (0,)},
+        )
+        for r in rows:
+            cache.lengths[r] += 1
+        self.num_graph_calls += 1
+        return logits[:batch].clone()
 
 
 class GraphedTokenSampling(_GraphBackend):
@@ -667,6 +746,8 @@ class GraphedTokenSampling(_GraphBackend):
 
 # Region name (models.region_backends) -> the graph backend that runs it; each takes the region's network.
 GRAPH_BACKENDS: dict[str, type[_GraphBackend]] = {
+    NH_DECODER_STEP: GraphedNhDecoderStep,
+    DAC_CHUNK: GraphedDacChunk,
     DECODER_STEP: GraphedDecoderStep,
     TALKER_STEP: GraphedTalkerStep,
     CODE_PREDICTOR_LOOP: GraphedCodePredictorLoop,

@@ -29,10 +29,15 @@ __all__ = [
     "CHUNK_DECODE",
     "CODEC_DECODE",
     "CODE_PREDICTOR_LOOP",
+    "DAC_CHUNK",
     "DECODER_PREFILL",
     "DECODER_STEP",
     "LLASA_EXECUTOR_REGIONS",
     "LLASA_REGIONS",
+    "NH_DECODER_STEP",
+    "NH_ENCODER",
+    "NH_TTS_EXECUTOR_REGIONS",
+    "NH_TTS_REGIONS",
     "QWEN3_TTS_EXECUTOR_REGIONS",
     "QWEN3_TTS_REGIONS",
     "SAMPLING_COUNTER_BASE",
@@ -66,11 +71,16 @@ TOKEN_SAMPLING = "token_sampling"  # the next token of each stream from its logi
 TALKER_PREFILL = "talker_prefill"  # Qwen3-TTS: one batched talker forward of right-padded prompts from position 0
 DECODER_PREFILL = "decoder_prefill"  # Llasa: one batched Llama forward of prompts into empty slots -> logits
 CHUNK_DECODE = "chunk_decode"  # Llasa: one XCodec2 decode of every stream's due block, windows right-padded
+NH_ENCODER = "nh_encoder"  # NH-TTS: the text encoder of the streams being opened (both guidance rows)
+NH_DECODER_STEP = "nh_decoder_step"  # NH-TTS: one decoder call over cache rows: codes (B, T, C) -> logits (B, C, V)
+DAC_CHUNK = "dac_chunk"  # NH-TTS: one DAC decode of every stream's due chunk window, right-padded
 
 LLASA_REGIONS: tuple[str, ...] = (DECODER_STEP,)
 QWEN3_TTS_REGIONS: tuple[str, ...] = (TALKER_STEP, CODE_PREDICTOR_LOOP)
 QWEN3_TTS_EXECUTOR_REGIONS: tuple[str, ...] = (CODEC_DECODE, TOKEN_SAMPLING, TALKER_PREFILL)
 LLASA_EXECUTOR_REGIONS: tuple[str, ...] = (TOKEN_SAMPLING, DECODER_PREFILL, CHUNK_DECODE)
+NH_TTS_REGIONS: tuple[str, ...] = (NH_DECODER_STEP,)
+NH_TTS_EXECUTOR_REGIONS: tuple[str, ...] = (NH_ENCODER, DAC_CHUNK)
 # A token-sampling backend that draws on the device uses counters from here on (the stream's token index
 # added), so its draws never meet the code predictor's (frame x heads + head, far below) for one seed.
 SAMPLING_COUNTER_BASE = 1 << 31
@@ -213,6 +223,9 @@ _CALL_BATCH = {
     TALKER_PREFILL: lambda inputs, view, last: inputs.shape[0],
     DECODER_PREFILL: lambda cache, slots, prompts: len(slots),
     CHUNK_DECODE: lambda codes, lengths: codes.shape[0],
+    NH_ENCODER: lambda input_ids, valid: input_ids.shape[0],
+    NH_DECODER_STEP: lambda cache, rows, codes: len(rows),
+    DAC_CHUNK: lambda codes, lengths: codes.shape[0],
 }
 
 

@@ -32,6 +32,13 @@ from tilevox.models.nh_tts.config import NhTtsConfig
 from tilevox.models.nh_tts.decoder import NhDecoderCache, NhTtsNetwork
 from tilevox.models.nh_tts.generation import apply_guidance, delay_prompt, eos_channel_filter, top_k_top_p, undelay
 from tilevox.models.nh_tts.tokenizer import PAD_ID, SPEAKER_TAGS, encode_text, has_speaker_tag
+from tilevox.models.region_backends import (
+    DAC_CHUNK,
+    NH_DECODER_STEP,
+    NH_ENCODER,
+    NH_TTS_EXECUTOR_REGIONS,
+    NH_TTS_REGIONS,
+)
 from tilevox.models.sampling import SamplingParams, make_generator
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
 
@@ -46,11 +53,6 @@ __all__ = [
     "nh_region_modules",
 ]
 
-NH_ENCODER = "nh_encoder"  # the text encoder of the streams being opened (once per stream, both guidance rows)
-NH_DECODER_STEP = "nh_decoder_step"  # one decoder call over cache rows: codes (B, T, C) -> logits (B, C, V)
-DAC_CHUNK = "dac_chunk"  # one DAC decode of every stream's due chunk windows, right-padded
-NH_TTS_REGIONS: tuple[str, ...] = (NH_DECODER_STEP,)
-NH_TTS_EXECUTOR_REGIONS: tuple[str, ...] = (NH_ENCODER, DAC_CHUNK)
 
 VOICES = ("S1", "S2")
 DEFAULT_VOICE = "S1"

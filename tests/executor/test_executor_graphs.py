@@ -28,6 +28,7 @@ from tilevox.models.region_backends import (
     TALKER_STEP,
     TOKEN_SAMPLING,
 )
+from tilevox.models.registry import load_model
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest, synthesize
 
@@ -335,3 +336,45 @@ def test_the_llasa_prefill_region_pads_to_buckets_and_equals_prefill_many(prefil
     else:
         assert {bucket for bucket, _ in keys} <= {1, 2} and model.decoder_prefill_backend.num_graph_calls >= 2
     assert all(len(t) > 5 for t in plain) and got == plain
+
+
+def test_nh_tts_regions_in_the_executor_equal_the_plain_path():
+    """NH-TTS's decoder step (nh_decoder_step: key, text and batch buckets) and DAC chunk decode (dac_chunk:
+    widths in multiples of 16 frames) through the executor (eagerly on a CPU): three streams of different text
+    lengths give the plain path's codes at every position and its audio (without an audio prompt a stream's
+    prompt is one position, BOS, so it is a graph call too)."""
+    from tilevox.models.region_backends import DAC_CHUNK, NH_DECODER_STEP
+
+    requests = [
+        SynthesisRequest(text="[S1] Short.", seed=1, max_duration_s=0.4, sampling=SamplingParams.greedy()),
+        SynthesisRequest(text="[S1] A much longer line of text. [S2] And a reply.", seed=2, max_duration_s=0.4),
+        SynthesisRequest(text="[S2] Middle one.", seed=3, max_duration_s=0.25),
+    ]
+
+    def run(install: bool):
+        model = load_model("random:nh-tts-tiny")
+        if install:
+            assert install_graph_regions(model, [NH_DECODER_STEP, DAC_CHUNK], GraphOptions(capture=False)) == {
+                NH_DECODER_STEP: None,
+                DAC_CHUNK: None,
+            }
+        codes: dict[int, list[torch.Tensor]] = {}
+        model.code_observer = lambda sid, position, c: codes.setdefault(sid, []).append(c.clone())
+        ids = model.open_streams(requests)
+        audio = {i: [] for i in ids}
+        while live := [i for i in ids if i in model.open_stream_ids]:
+            for chunk in model.step(live):
+                audio[chunk.stream_id].append(chunk.samples)
+        return model, [(torch.stack(codes[i]), np.concatenate(audio[i])) for i in ids]
+
+    _, plain = run(False)
+    model, got = run(True)
+    step, chunk = model.nh_decoder_step_backend, model.dac_chunk_backend
+    assert step.num_graph_calls > 10 and step.num_conventional_calls == 0
+    # 3 streams x 2 rows padded to 8 (copies of row 0), then 4 rows once the shortest has ended
+    assert {key[0] for key in step.keys_used} == {8, 4} and chunk.num_graph_calls > 0
+    assert all(width % 16 == 0 for _, width in chunk.keys_used)
+    for (codes, audio), (want_codes, want_audio) in zip(got, plain):
+        assert codes.shape[0] > 20 and torch.equal(codes, want_codes)
+        assert audio.size > 0 and audio.size == want_audio.size
+        np.testing.assert_allclose(audio, want_audio, atol=1e-5, rtol=0)
