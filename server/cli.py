@@ -356,6 +356,23 @@ def _add_serve(subparsers) -> None:
         "--profile-min-batch", type=int, default=1, help="profile only steps that batch at least this many streams"
     )
     p.add_argument("--profile-out", default="tilevox-worker-profile.txt", help="where --profile-steps writes")
+    ray = p.add_argument_group("Ray Serve (many GPUs and hosts behind one endpoint; README: More than one GPU)")
+    ray.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve on Ray Serve ($RAY_ADDRESS, else a local Ray): one replica = one model on one GPU (or CPU); "
+        "needs --max-streams (each replica's stream capacity)",
+    )
+    ray.add_argument("--num-replicas", type=int, default=None, help="with --ray: this many replicas (default 1)")
+    ray.add_argument(
+        "--autoscale", default=None, metavar="MIN:MAX", help="with --ray: autoscale between MIN and MAX replicas"
+    )
+    ray.add_argument(
+        "--gpus-per-replica",
+        type=float,
+        default=None,
+        help="with --ray: GPUs per replica (default 1 on cuda, 0 on cpu)",
+    )
     _add_model_options(p)
     p.set_defaults(handler=_run_serve)
 
@@ -397,6 +414,35 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _run_serve_ray(args: argparse.Namespace) -> int:
+    """`tilevox serve --ray ...`: the same options, served by replicas on Ray Serve (server/ray_serve.py)."""
+    if not args.ray:
+        raise CommandError("--num-replicas, --autoscale and --gpus-per-replica need --ray")
+    try:
+        from tilevox.server.ray_serve import RayOptions, parse_autoscale, run_cli, serve_args_of
+    except ImportError as exc:
+        raise CommandError(f"--ray needs Ray Serve: pip install 'tilevox[ray]' ({exc})") from exc
+    try:
+        options = RayOptions(
+            serve_args=serve_args_of(args),
+            num_replicas=args.num_replicas,
+            autoscale=None if args.autoscale is None else parse_autoscale(args.autoscale),
+            gpus_per_replica=args.gpus_per_replica,
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+
+    def on_ready() -> None:
+        print(
+            f"tilevox: serving on Ray Serve: http://{args.host}:{args.http_port} and grpc {args.host}:{args.grpc_port}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    run_cli(options, host=args.host, http_port=args.http_port, on_ready=on_ready)
+    return 0
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     import torch
 
@@ -405,6 +451,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     from tilevox.server.config import DEFAULT_MODEL, ServerConfig
     from tilevox.server.logs import configure_logging
 
+    if args.ray or args.num_replicas is not None or args.autoscale is not None or args.gpus_per_replica is not None:
+        return _run_serve_ray(args)
     # Everything that can be checked without the model is checked before it loads (minutes on a GPU).
     if args.max_streams is not None and args.max_streams < 1:
         raise CommandError(f"--max-streams must be >= 1, got {args.max_streams}")
