@@ -54,11 +54,11 @@ class Cluster:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    def deploy(self, *, max_streams: int, timeout_s: float = 90.0, **options) -> None:
+    def deploy(self, *, max_streams: int, timeout_s: float = 90.0, extra_args: tuple[str, ...] = (), **options) -> None:
         """(Re)deploy the application; returns once it serves (Serve waits for every replica's warm-up)."""
         self.grpc_port = free_port()
         serve_args = ("--model", MODEL, "--device", "cpu", "--max-streams", str(max_streams), "--host", "127.0.0.1")
-        serve_args += ("--grpc-port", str(self.grpc_port), "--idle-timeout", "20")
+        serve_args += ("--grpc-port", str(self.grpc_port), "--idle-timeout", "20", *extra_args)
         app = build_app(RayOptions(serve_args=serve_args, **options))
         started = time.monotonic()
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
@@ -398,3 +398,50 @@ def test_autoscaling_from_one_to_two_replicas_under_a_burst_and_back(cluster):
     assert results == [200] * 4
     cluster.wait_replicas(1, timeout_s=60)
     client.close()
+
+
+def test_every_replica_full_gives_429_and_resource_exhausted(cluster):
+    """Two replicas of one stream each and no queue beyond Ray's (--max-queued 0: the caller holds at most
+    2 waiting requests): of 7 long requests sent at once on one surface, some are refused, over HTTP with
+    429 and a retry hint and over gRPC with RESOURCE_EXHAUSTED; none fails otherwise, and the admitted ones
+    are spread over both replicas."""
+    import grpc
+
+    cluster.deploy(max_streams=1, num_replicas=2, extra_args=("--max-queued", "0"))
+    cluster.wait_replicas(2, timeout_s=60)
+    body = {"input": "A long sentence that keeps its replica busy.", "response_format": "pcm", "max_duration_s": 6}
+
+    def burst(call, count: int = 7) -> list:
+        results: list = [None] * count
+        barrier = threading.Barrier(count)
+
+        def run(i: int) -> None:
+            barrier.wait(timeout=30)
+            results[i] = call()
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(150)
+        return results
+
+    with httpx.Client(timeout=120) as client:
+        responses = burst(lambda: client.post(cluster.url + "/v1/audio/speech", json=body))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) == {200, 429} and statuses.count(200) >= 2, statuses
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.json()["error"]["code"] == "overloaded" and "retry-after" in refused.headers
+    assert len({r.headers["x-tilevox-replica"] for r in responses if r.status_code == 200}) == 2
+
+    tts = riva.client.SpeechSynthesisService(riva.client.Auth(uri=f"127.0.0.1:{cluster.grpc_port}"))
+
+    def riva_call():
+        try:
+            tts.synthesize(body["input"], sample_rate_hz=16000, custom_configuration={"max_duration_s": 6})
+        except grpc.RpcError as exc:
+            return exc.code()
+        return grpc.StatusCode.OK
+
+    codes = burst(riva_call)
+    assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
