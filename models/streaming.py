@@ -156,6 +156,13 @@ class SpeechModel(abc.ABC):
     def supports_speed(self) -> bool:
         return False
 
+    def warm_up_batches(self, batch_sizes: Sequence[int]) -> None:
+        """Run, once at each of these batch sizes, the batched work that streams reach only late (a codec
+        window that grows over a stream's first seconds), so that a backend that captures per shape (the
+        executor's CUDA graphs) has every shape before serving. No stream state changes. A no-op unless a
+        model has such work."""
+        del batch_sizes  # nothing here: most models reach every shape in their first steps
+
     def torch_modules(self) -> tuple[torch.nn.Module, ...]:
         """The language-model networks, for load-time rewrites such as the fused SwiGLU swap."""
         return ()

@@ -244,9 +244,13 @@ class ServerHandle:
         initialisation (allocator growth, kernel selection, codec buffers, CUDA-graph capture): for each
         level of `warmup_streams`, that many streams at once; then each longer text of `warmup_words` at the
         levels up to the scheduler's largest prefill batch, so that the executor's captured prefill has each
-        (batch bucket, prompt-length bucket) too. The longest lengths stop at the first the model refuses."""
+        (batch bucket, prompt-length bucket) too. The longest lengths stop at the first the model refuses.
+        First, the model's own `warm_up_batches` at every level."""
         started = time.perf_counter()
         config = self.state.config
+        # The model's late batched work (codec windows of a stream's first seconds) at every level, while no
+        # stream runs: the worker thread is idle until the first warm-up stream is submitted below.
+        await asyncio.to_thread(self.state.model.warm_up_batches, config.warmup_streams)
         prefill_levels = [n for n in config.warmup_streams if n <= self.state.scheduler.max_prefill_batch]
         for words in config.warmup_words:
             text = "Warm up." + " word" * words

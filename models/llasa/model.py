@@ -87,6 +87,18 @@ class LlasaModel(SpeechModel):
 
     executor_region_names = LLASA_EXECUTOR_REGIONS  # token sampling, the batched prefill, the codec's blocks
 
+    @torch.no_grad()
+    def warm_up_batches(self, batch_sizes: Sequence[int]) -> None:
+        """The chunk-decode backend (when one is installed) at every block window of a stream's first seconds
+        (13 to 163 frames with the defaults) and each batch size: zero codes, results dropped."""
+        if self.chunk_decode_backend is None:
+            return  # the plain path captures nothing
+        windows = XCodec2StreamDecoder(self.codec, **self._codec_options).block_window_frames()
+        for batch in batch_sizes:
+            for frames in windows:
+                codes = torch.zeros(batch, frames, dtype=torch.long, device=self.device)
+                self.chunk_decode_backend(codes, torch.full((batch,), frames, dtype=torch.long, device=self.device))
+
     def executor_region_modules(self) -> dict[str, torch.nn.Module]:
         return {TOKEN_SAMPLING: self.llama.lm_head, DECODER_PREFILL: self.llama, CHUNK_DECODE: self.codec}
 

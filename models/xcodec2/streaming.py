@@ -104,6 +104,16 @@ class XCodec2StreamDecoder:
     def num_emitted_frames(self) -> int:
         return self._next_frame
 
+    def block_window_frames(self) -> tuple[int, ...]:
+        """The frame counts of a stream's block windows, first to steady state: min(start, left context) +
+        chunk + lookahead for block starts 0, chunk, 2 chunk, ... (a final flush may decode a shorter one)."""
+        counts, start = [], 0
+        while True:
+            counts.append(min(start, self.left_context_frames) + self.chunk_frames + self.lookahead_frames)
+            if start >= self.left_context_frames:
+                return tuple(counts)
+            start += self.chunk_frames
+
     @property
     def latency_ms(self) -> float:
         """Worst-case delay from a frame's code to its samples (block wait plus lookahead)."""

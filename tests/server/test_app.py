@@ -180,7 +180,8 @@ def test_warm_up_streams_reach_their_first_codec_chunk_so_the_chunk_decode_is_ca
     server = make_server(model, max_streams=4, warmup_streams=(1, 4))
     try:
         assert server.state.is_ready
-        assert {(1, 64), (4, 64)} <= model.chunk_decode_backend.keys_used
+        # every block window of a stream's first seconds (13 to 163 frames: widths 64, 128, 192) at each level
+        assert {(b, w) for b in (1, 4) for w in (64, 128, 192)} <= model.chunk_decode_backend.keys_used
     finally:
         server.stop()
 

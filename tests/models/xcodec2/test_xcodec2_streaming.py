@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from tilevox.models.xcodec2 import XCodec2Config, XCodec2StreamDecoder, random_xcodec2_decoder
-from tilevox.models.xcodec2.streaming import STREAM_MAX_LSD_DB, STREAM_MIN_SNR_DB, measure_stream_error, push_many
+from tilevox.models.xcodec2.streaming import (
+    STREAM_MAX_LSD_DB,
+    STREAM_MIN_SNR_DB,
+    measure_stream_error,
+    push_many,
+    start_push_many,
+)
 
 TINY = XCodec2Config.preset("tiny")
 PUSH_SIZES = (1, 4, 7, 2, 5, 3, 6)
@@ -162,3 +168,20 @@ def test_push_many_equals_each_stream_alone(model):
         np.testing.assert_allclose(np.concatenate(got[i]), alone[i], rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="at most once"):
         push_many([streams[0], streams[0]], [codes[0][:1], codes[0][:1]])
+
+
+def test_block_window_frames_are_the_windows_push_decodes(model):
+    """block_window_frames lists exactly the window lengths a stream's blocks use, first to steady state."""
+    stream = XCodec2StreamDecoder(model, left_context_frames=12, lookahead_frames=3, chunk_frames=5)
+    assert stream.block_window_frames() == (8, 13, 18, 20)
+    seen = []
+    decode = model.decode_windows
+
+    def spy(codes, lengths):
+        seen.extend(lengths.tolist())
+        return decode(codes, lengths)
+
+    for _ in range(40):
+        start_push_many([stream], [torch.zeros(1, dtype=torch.long)], decode=spy).finish()
+    assert sorted(set(seen)) == list(stream.block_window_frames())
+    assert XCodec2StreamDecoder(model).block_window_frames() == tuple(range(13, 164, 5))
