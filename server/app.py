@@ -77,6 +77,7 @@ def build_state(config: ServerConfig, model: SpeechModel) -> ServerState:
         max_queued=config.max_queued,
         max_batch=config.max_batch,
         newcomer_slack_s=config.newcomer_slack_s,
+        prefill_budget=config.prefill_budget,
         metrics=metrics,
         profile=profile,
     )
@@ -240,60 +241,7 @@ class ServerHandle:
         self._stop.set()
 
     async def _warm_up(self) -> None:
-        """Short syntheses before /ready turns true, so the first clients do not pay for lazy
-        initialisation (allocator growth, kernel selection, codec buffers, CUDA-graph capture): for each
-        level of `warmup_streams`, that many streams at once; then each longer text of `warmup_words` at the
-        levels up to the scheduler's largest prefill batch, so that the executor's captured prefill has each
-        (batch bucket, prompt-length bucket) too. The longest lengths stop at the first the model refuses.
-        First, the model's own `warm_up_batches` at every level."""
-        started = time.perf_counter()
-        config = self.state.config
-        # The model's late batched work (codec windows of a stream's first seconds) at every level, while no
-        # stream runs: the worker thread is idle until the first warm-up stream is submitted below.
-        await asyncio.to_thread(self.state.model.warm_up_batches, config.warmup_streams)
-        prefill_levels = [n for n in config.warmup_streams if n <= self.state.scheduler.max_prefill_batch]
-        for words in config.warmup_words:
-            text = "Warm up." + " word" * words
-            for level in config.warmup_streams if words == 0 else prefill_levels:
-                refused = await self._warm_level(
-                    text, level, WARMUP_AUDIO_S if words == 0 else WARMUP_LONG_TEXT_AUDIO_S
-                )
-                if refused is not None:
-                    break
-            if refused is not None:
-                # words == 0: e.g. a model that needs a voice prompt, served cold; longer: a prompt past the
-                # model's context, so this length and the longer ones are captured when first used, if ever
-                log_event(
-                    log,
-                    "server.warmup_skipped" if words == 0 else "server.warmup_longest",
-                    level=logging.WARNING if words == 0 else logging.INFO,
-                    words=words,
-                    streams=level,
-                    reason=refused,
-                )
-                break
-        log_event(
-            log,
-            "server.warmed_up",
-            seconds=round(time.perf_counter() - started, 3),
-            levels=list(config.warmup_streams),
-            words=list(config.warmup_words),
-        )
-
-    async def _warm_level(self, text: str, level: int, audio_s: float) -> str | None:
-        """`level` streams of `text` (`audio_s` of audio each) at once; the reason if the model refused them."""
-        handles = []
-        try:
-            for seed in range(level):
-                handles.append(
-                    self.state.scheduler.submit(SynthesisRequest(text=text, seed=seed, max_duration_s=audio_s))
-                )
-            await asyncio.gather(*(handle.collect() for handle in handles))
-        except (ValueError, SynthesisFailed) as exc:
-            for handle in handles:
-                handle.cancel()
-            return str(exc)
-        return None
+        await warm_up(self.state)
 
     # ---- background-thread mode (tests, benchmark) ----------------------------------------
     def start(self, timeout_s: float = 60.0) -> ServerHandle:
@@ -334,3 +282,57 @@ class ServerHandle:
 
 def serve(config: ServerConfig, model: SpeechModel, *, ports: BoundPorts | None = None, on_ready=None) -> None:
     asyncio.run(ServerHandle(config, model, ports=ports, on_ready=on_ready).run(install_signals=True))
+
+
+async def warm_up(state: ServerState) -> None:
+    """Short syntheses before /ready turns true, so the first clients do not pay for lazy
+    initialisation (allocator growth, kernel selection, codec buffers, CUDA-graph capture): for each
+    level of `warmup_streams`, that many streams at once; then each longer text of `warmup_words` at the
+    levels up to the scheduler's largest prefill batch, so that the executor's captured prefill has each
+    (batch bucket, prompt-length bucket) too. The longest lengths stop at the first the model refuses.
+    First, the model's own `warm_up_batches` at every level."""
+    started = time.perf_counter()
+    config = state.config
+    # The model's late batched work (codec windows of a stream's first seconds) at every level, while no
+    # stream runs: the worker thread is idle until the first warm-up stream is submitted below.
+    await asyncio.to_thread(state.model.warm_up_batches, config.warmup_streams)
+    prefill_levels = [n for n in config.warmup_streams if n <= state.scheduler.max_prefill_batch]
+    for words in config.warmup_words:
+        text = "Warm up." + " word" * words
+        for level in config.warmup_streams if words == 0 else prefill_levels:
+            refused = await _warm_level(state, text, level, WARMUP_AUDIO_S if words == 0 else WARMUP_LONG_TEXT_AUDIO_S)
+            if refused is not None:
+                break
+        if refused is not None:
+            # words == 0: e.g. a model that needs a voice prompt, served cold; longer: a prompt past the
+            # model's context, so this length and the longer ones are captured when first used, if ever
+            log_event(
+                log,
+                "server.warmup_skipped" if words == 0 else "server.warmup_longest",
+                level=logging.WARNING if words == 0 else logging.INFO,
+                words=words,
+                streams=level,
+                reason=refused,
+            )
+            break
+    log_event(
+        log,
+        "server.warmed_up",
+        seconds=round(time.perf_counter() - started, 3),
+        levels=list(config.warmup_streams),
+        words=list(config.warmup_words),
+    )
+
+
+async def _warm_level(state: ServerState, text: str, level: int, audio_s: float) -> str | None:
+    """`level` streams of `text` (`audio_s` of audio each) at once; the reason if the model refused them."""
+    handles = []
+    try:
+        for seed in range(level):
+            handles.append(state.scheduler.submit(SynthesisRequest(text=text, seed=seed, max_duration_s=audio_s)))
+        await asyncio.gather(*(handle.collect() for handle in handles))
+    except (ValueError, SynthesisFailed) as exc:
+        for handle in handles:
+            handle.cancel()
+        return str(exc)
+    return None

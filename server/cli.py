@@ -345,6 +345,14 @@ def _add_serve(subparsers) -> None:
         "carries every running stream; 200 helped Qwen3-TTS at 32 streams and hurt Llasa on the H200)",
     )
     p.add_argument(
+        "--prefill-budget",
+        default="on",
+        choices=["on", "off"],
+        help="on (default): a worker iteration admits fewer new streams when their prefill would make a playing "
+        "stream's next audio arrive after its client's buffer has run dry (measured prefill and step times); "
+        "off: up to 16 admissions an iteration whatever the buffers",
+    )
+    p.add_argument(
         "--profile-steps",
         type=int,
         default=0,
@@ -481,6 +489,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout,
         drain_timeout_s=args.drain_timeout,
         newcomer_slack_s=newcomer_slack_s,
+        prefill_budget=args.prefill_budget == "on",
         profile_steps=args.profile_steps,
         profile_skip=args.profile_skip,
         profile_min_batch=args.profile_min_batch,

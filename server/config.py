@@ -38,6 +38,9 @@ class ServerConfig:
     # First audio first (Scheduler): steps carry streams still waiting for first audio alone while every
     # playing stream has this much audio buffered; None (default) = every step carries every running stream.
     newcomer_slack_s: float | None = None
+    # Prefill budget (Scheduler, PrefillBudget): an iteration admits fewer newcomers when their prefill
+    # would make a playing stream's next audio arrive after its client's buffer has run dry.
+    prefill_budget: bool = True
     # `--profile-steps`: profile this many worker iterations that step >= profile_min_batch streams, after
     # profile_skip of them, into profile_out (server.profiling.WorkerProfile); 0 = off.
     profile_steps: int = 0

@@ -185,6 +185,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
         idle_timeout_s=args.idle_timeout,
         drain_timeout_s=args.drain_timeout,
         newcomer_slack_s=_newcomer_slack_s(args.newcomer_slack_ms),
+        prefill_budget=args.prefill_budget == "on",
     )
 
 
@@ -357,7 +358,7 @@ class TilevoxReplica:
     """One executor: the model, its Scheduler and the single-process server's front-end code."""
 
     async def __init__(self, serve_args: Sequence[str]) -> None:
-        from tilevox.server.app import build_state
+        from tilevox.server.app import build_state, warm_up
         from tilevox.server.grpc_service import RivaSynthesisService
         from tilevox.server.http_api import build_http_app
         from tilevox.server.logs import configure_logging
@@ -370,7 +371,7 @@ class TilevoxReplica:
         self._app = build_http_app(self.state)
         self._riva = RivaSynthesisService(self.state)
         self.replica = _replica_id()
-        await self._warm_up()
+        await warm_up(self.state)  # the single-process server's warm-up, before Ray routes to this replica
         self.state.is_ready = True
         self._bridge = _MetricsBridge(self.state.metrics)
         self._bridge_task = asyncio.get_running_loop().create_task(self._bridge.run())
@@ -382,16 +383,6 @@ class TilevoxReplica:
             model=model.model_id,
             max_streams=config.max_streams,
         )
-
-    async def _warm_up(self) -> None:
-        for level in self.state.config.warmup_streams:
-            requests = [SynthesisRequest(text="Warm up.", seed=n, max_duration_s=0.2) for n in range(level)]
-            try:
-                handles = [self.state.scheduler.submit(request) for request in requests]
-            except ValueError as exc:  # e.g. a model that needs a voice prompt: serve cold, and say so
-                log_event(log, "server.warmup_skipped", level=logging.WARNING, reason=str(exc))
-                return
-            await asyncio.gather(*(handle.collect() for handle in handles))
 
     # ---- Ray hooks ------------------------------------------------------------------------------
     def check_health(self) -> None:
@@ -517,7 +508,7 @@ def _load_for_serving(args: argparse.Namespace):
     """Load and prepare the model as `tilevox serve` does (server/cli.py `_run_serve`): same options, same
     region backends, same warm-up levels. Returns (ServerConfig, model)."""
     from tilevox.models.registry import load_model, parse_dtype
-    from tilevox.server.cli import _decode_mode, _fused_swiglu_mode, _install_regions, _warmup_streams
+    from tilevox.server.cli import WARMUP_WORDS, _decode_mode, _fused_swiglu_mode, _install_regions, _warmup_streams
 
     config = _server_config(args)
     model = load_model(
@@ -532,7 +523,8 @@ def _load_for_serving(args: argparse.Namespace):
         raise ValueError(
             f"--max-streams {config.max_streams} exceeds what {model.model_id} supports ({model.max_streams})"
         )
-    return dataclasses.replace(config, warmup_streams=_warmup_streams(config.max_streams) if graphs else (1,)), model
+    warm = {"warmup_streams": _warmup_streams(config.max_streams), "warmup_words": WARMUP_WORDS} if graphs else {}
+    return dataclasses.replace(config, **warm), model
 
 
 class _MetricsBridge:

@@ -190,6 +190,39 @@ class StreamHandle:
         return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
 
 
+class PrefillBudget:
+    """How many admissions a worker iteration may prefill before the running streams step (policy only).
+
+    An iteration is a prefill then a step, so a playing stream's next audio arrives a prefill plus a step
+    after the last: with `buffered_s` the least audio any playing stream has left in its client's buffer,
+    the prefill may take buffered_s - step - margin. Admissions are priced at the measured prefill time per
+    admission (a moving average; an overestimate for large batches, whose fixed cost is shared) and the
+    step at its moving average. At least one admission per iteration, so newcomers always progress; none
+    priced before anything is measured, or while nothing plays (no buffer to protect)."""
+
+    def __init__(self, *, margin_s: float = 0.010, smoothing: float = 0.2) -> None:
+        self.margin_s = margin_s
+        self.smoothing = smoothing
+        self.step_s: float | None = None
+        self.per_admission_s: float | None = None
+
+    def _average(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.smoothing * (new - old)
+
+    def observe_step(self, step_s: float) -> None:
+        self.step_s = self._average(self.step_s, step_s)
+
+    def observe_prefill(self, admissions: int, prefill_s: float) -> None:
+        self.per_admission_s = self._average(self.per_admission_s, prefill_s / admissions)
+
+    def admissions(self, buffered_s: float | None) -> int:
+        """The most admissions this iteration may prefill (a large number when unconstrained)."""
+        if buffered_s is None or self.step_s is None or self.per_admission_s is None:
+            return 1 << 30
+        budget = buffered_s - self.step_s - self.margin_s
+        return max(1, int(budget / self.per_admission_s)) if budget > 0 else 1
+
+
 class Scheduler:
     """Owns the model worker thread. `max_batch` caps how many streams one step carries; when
     more are running, streams that have not produced audio yet go first, then the rest in
@@ -215,6 +248,7 @@ class Scheduler:
         max_queued: int,
         max_batch: int | None = None,
         max_prefill_batch: int = 16,
+        prefill_budget: bool = True,
         newcomer_slack_s: float | None = None,
         metrics: ServerMetrics | None = None,
         profile: WorkerProfile | None = None,
@@ -239,6 +273,9 @@ class Scheduler:
         # prefill, then the running streams step; a burst is spread over frames so that no running
         # stream waits for more than one prefill of this many prompts between two of its frames.
         self.max_prefill_batch = max_prefill_batch
+        # Prefill time budget: fewer admissions in an iteration when the prefill of max_prefill_batch would
+        # make a playing stream's next audio arrive after its client's buffer has run dry (PrefillBudget).
+        self.prefill_budget = PrefillBudget() if prefill_budget else None
         self.newcomer_slack_s = newcomer_slack_s
         self.newcomer_steps = 0  # steps that carried waiting streams alone (first audio first)
         self.metrics = metrics
@@ -433,8 +470,19 @@ class Scheduler:
             free = self.max_active - len(self._active)
             if self._active:
                 free = min(free, self.max_prefill_batch)
+                if self.prefill_budget is not None and self._pending:
+                    free = min(free, self.prefill_budget.admissions(self._buffered_s(self._active.values())))
             admit = [self._pending.popleft() for _ in range(min(free, len(self._pending)))]
             return to_close, admit, list(self._active.values())
+
+    def _buffered_s(self, handles) -> float | None:
+        """The least audio a playing stream has delivered beyond what real time has consumed since its first
+        audio (its client's buffer), over the streams whose buffer has not run dry (waiting cannot undo a
+        stall that has happened); None if there are none."""
+        now, rate = time.perf_counter(), self.model.sample_rate_hz
+        buffers = [h.num_samples / rate - (now - h.first_audio_at) for h in handles if not np.isnan(h.first_audio_at)]
+        buffers = [b for b in buffers if b > 0]
+        return min(buffers) if buffers else None
 
     def _pick_batch(self, running: list[StreamHandle]) -> list[StreamHandle]:
         if self.newcomer_slack_s is None and len(running) <= self.max_batch:
@@ -492,6 +540,8 @@ class Scheduler:
                 opened = [exc] * len(admit)
             if admit and self.metrics is not None:
                 self.metrics.observe_prefill(num_requests=len(admit), prefill_s=time.perf_counter() - started)
+            if admit and self.prefill_budget is not None:
+                self.prefill_budget.observe_prefill(len(admit), time.perf_counter() - started)
             for handle, result in zip(admit, opened, strict=True):
                 if isinstance(result, Exception):  # a model failure must fail this request only, never the worker
                     log.error("open_stream failed for stream %d", handle.handle_id, exc_info=result)
@@ -546,6 +596,8 @@ class Scheduler:
             return
         now = time.perf_counter()
         self.step_batch_sizes.append(len(batch))
+        if self.prefill_budget is not None:
+            self.prefill_budget.observe_step(now - started)
         num_frames = 0
         for handle, chunk in zip(batch, chunks, strict=True):
             num_frames += chunk.num_new_frames

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -424,3 +426,57 @@ def test_first_audio_first_is_off_by_default():
     assert Scheduler.__init__.__kwdefaults__["newcomer_slack_s"] is None
     with pytest.raises(ValueError, match="newcomer_slack_s"):
         Scheduler(FakeSpeechModel(), max_active=1, max_queued=0, newcomer_slack_s=-0.1)
+
+
+def test_prefill_budget_prices_admissions_against_the_least_buffered_playing_stream():
+    from tilevox.server.scheduler import PrefillBudget
+
+    budget = PrefillBudget(margin_s=0.010)
+    assert budget.admissions(0.080) >= 1 << 20  # nothing measured yet: unconstrained
+    budget.observe_step(0.036)
+    budget.observe_prefill(4, 0.014)  # 3.5 ms an admission
+    assert budget.admissions(None) >= 1 << 20  # nothing playing: no buffer to protect
+    assert budget.admissions(0.080) == 9  # (80 - 36 - 10) / 3.5
+    assert budget.admissions(0.040) == 1 and budget.admissions(0.001) == 1  # always progress
+    budget.observe_step(0.056)  # moving average: 36 + 0.2 x 20 = 40 ms
+    assert budget.step_s == pytest.approx(0.040) and budget.admissions(0.080) == 8
+
+
+@pytest.mark.parametrize("prefill_budget", [True, False])
+def test_a_burst_right_after_first_audio_is_admitted_within_the_playing_streams_buffer(sched_factory, prefill_budget):
+    """A playing stream has one 100 ms frame buffered when a burst of 30 arrives; prefill costs 12 ms an
+    admission and a step 50 ms. With the prefill budget the next iteration admits only what fits in that
+    buffer ((100 - 50 - 10) / 12: at most 3); without it max_prefill_batch (8) at once, which would make
+    the stream's next audio come after its buffer ran dry. Every stream completes either way."""
+    model = FakeSpeechModel(frame_rate_hz=10.0, step_delay_s=0.050)
+    calls: list[int] = []
+    real_open_streams = model.open_streams
+
+    def slow_prefill(requests):
+        calls.append(len(requests))
+        time.sleep(0.012 * len(requests))
+        return real_open_streams(requests)
+
+    model.open_streams = slow_prefill
+    first_audio_step, burst_queued = threading.Event(), threading.Event()
+    real_step = model.step
+
+    def step(ids):
+        if len(model.step_log) == 1:  # the step that gives the first stream its first audio: the burst
+            first_audio_step.set()  # is queued before it ends, so the next iteration sees all of it
+            assert burst_queued.wait(10)
+        return real_step(ids)
+
+    model.step = step
+    sched = sched_factory(model, max_active=40, max_queued=40, max_prefill_batch=8, prefill_budget=prefill_budget)
+
+    async def main():
+        first = sched.submit(_req("running " * 3))
+        assert await asyncio.to_thread(first_audio_step.wait, 10)
+        burst = [sched.submit(_req(f"b{n}", seed=n)) for n in range(30)]
+        burst_queued.set()
+        return await asyncio.gather(first.collect(), *(h.collect() for h in burst))
+
+    outs = _run(main())
+    assert all(out.size for out in outs) and sum(calls) == 31
+    assert calls[1] <= 3 if prefill_budget else calls[1] == 8, calls
