@@ -346,11 +346,11 @@ def _add_serve(subparsers) -> None:
     )
     p.add_argument(
         "--prefill-budget",
-        default="on",
+        default="off",
         choices=["on", "off"],
-        help="on (default): a worker iteration admits fewer new streams when their prefill would make a playing "
-        "stream's next audio arrive after its client's buffer has run dry (measured prefill and step times); "
-        "off: up to 16 admissions an iteration whatever the buffers",
+        help="on: a worker iteration admits fewer new streams when their prefill would make a playing stream's "
+        "next audio arrive after its client's buffer has run dry (measured prefill and step times); off "
+        "(default): up to 16 admissions an iteration whatever the buffers (README: what it did on the H200)",
     )
     p.add_argument(
         "--profile-steps",

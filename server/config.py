@@ -39,8 +39,9 @@ class ServerConfig:
     # playing stream has this much audio buffered; None (default) = every step carries every running stream.
     newcomer_slack_s: float | None = None
     # Prefill budget (Scheduler, PrefillBudget): an iteration admits fewer newcomers when their prefill
-    # would make a playing stream's next audio arrive after its client's buffer has run dry.
-    prefill_budget: bool = True
+    # would make a playing stream's next audio arrive after its client's buffer has run dry. Off by default:
+    # on the H200 its first form cut Qwen3-TTS's stalls at 64 streams but doubled TTFA p95 (README).
+    prefill_budget: bool = False
     # `--profile-steps`: profile this many worker iterations that step >= profile_min_batch streams, after
     # profile_skip of them, into profile_out (server.profiling.WorkerProfile); 0 = off.
     profile_steps: int = 0

@@ -195,32 +195,46 @@ class PrefillBudget:
 
     An iteration is a prefill then a step, so a playing stream's next audio arrives a prefill plus a step
     after the last: with `buffered_s` the least audio any playing stream has left in its client's buffer,
-    the prefill may take buffered_s - step - margin. Admissions are priced at the measured prefill time per
-    admission (a moving average; an overestimate for large batches, whose fixed cost is shared) and the
-    step at its moving average. At least one admission per iteration, so newcomers always progress; none
-    priced before anything is measured, or while nothing plays (no buffer to protect)."""
+    the prefill may take buffered_s - step - margin. A prefill of n admissions is priced as fixed + n x
+    marginal, fitted by least squares to recent prefills (exponentially forgotten; the plain ratio
+    time / n until prefills of two sizes are seen), the step at its moving average. At least one admission
+    per iteration, so newcomers always progress; unconstrained before anything is measured or while nothing
+    plays (no buffer to protect)."""
 
     def __init__(self, *, margin_s: float = 0.010, smoothing: float = 0.2) -> None:
         self.margin_s = margin_s
         self.smoothing = smoothing
         self.step_s: float | None = None
-        self.per_admission_s: float | None = None
-
-    def _average(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.smoothing * (new - old)
+        self._sums = [0.0] * 5  # weighted sums of 1, n, t, n^2, n t over past prefills
 
     def observe_step(self, step_s: float) -> None:
-        self.step_s = self._average(self.step_s, step_s)
+        self.step_s = step_s if self.step_s is None else self.step_s + self.smoothing * (step_s - self.step_s)
 
     def observe_prefill(self, admissions: int, prefill_s: float) -> None:
-        self.per_admission_s = self._average(self.per_admission_s, prefill_s / admissions)
+        n, t = float(admissions), prefill_s
+        keep = 1.0 - self.smoothing
+        self._sums = [keep * old + new for old, new in zip(self._sums, (1.0, n, t, n * n, n * t))]
+
+    def cost(self) -> tuple[float, float] | None:
+        """(fixed, per-admission) seconds of a prefill, or None before any prefill."""
+        w, sn, st, snn, snt = self._sums
+        if w == 0.0:
+            return None
+        mean_n, mean_t = sn / w, st / w
+        var_n = snn / w - mean_n * mean_n
+        if var_n < 1e-6:  # one size so far: no split between fixed and marginal cost
+            return 0.0, mean_t / mean_n
+        marginal = max((snt / w - mean_n * mean_t) / var_n, 1e-5)
+        return max(mean_t - marginal * mean_n, 0.0), marginal
 
     def admissions(self, buffered_s: float | None) -> int:
         """The most admissions this iteration may prefill (a large number when unconstrained)."""
-        if buffered_s is None or self.step_s is None or self.per_admission_s is None:
+        cost = self.cost()
+        if buffered_s is None or self.step_s is None or cost is None:
             return 1 << 30
-        budget = buffered_s - self.step_s - self.margin_s
-        return max(1, int(budget / self.per_admission_s)) if budget > 0 else 1
+        fixed, marginal = cost
+        budget = buffered_s - self.step_s - self.margin_s - fixed
+        return max(1, int(budget / marginal)) if budget > 0 else 1
 
 
 class Scheduler:
@@ -248,7 +262,7 @@ class Scheduler:
         max_queued: int,
         max_batch: int | None = None,
         max_prefill_batch: int = 16,
-        prefill_budget: bool = True,
+        prefill_budget: bool = False,
         newcomer_slack_s: float | None = None,
         metrics: ServerMetrics | None = None,
         profile: WorkerProfile | None = None,

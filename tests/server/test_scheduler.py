@@ -434,12 +434,20 @@ def test_prefill_budget_prices_admissions_against_the_least_buffered_playing_str
     budget = PrefillBudget(margin_s=0.010)
     assert budget.admissions(0.080) >= 1 << 20  # nothing measured yet: unconstrained
     budget.observe_step(0.036)
-    budget.observe_prefill(4, 0.014)  # 3.5 ms an admission
+    budget.observe_prefill(4, 0.014)  # one size seen: 3.5 ms an admission, no fixed part
+    assert budget.cost() == pytest.approx((0.0, 0.0035))
     assert budget.admissions(None) >= 1 << 20  # nothing playing: no buffer to protect
     assert budget.admissions(0.080) == 9  # (80 - 36 - 10) / 3.5
     assert budget.admissions(0.040) == 1 and budget.admissions(0.001) == 1  # always progress
+    budget = PrefillBudget(margin_s=0.010)
+    budget.observe_step(0.036)
+    for n in (1, 8, 2, 12, 4, 16):  # prefills of 8 ms + 3 ms an admission, sizes mixed
+        budget.observe_prefill(n, 0.008 + 0.003 * n)
+    fixed, marginal = budget.cost()
+    assert fixed == pytest.approx(0.008, abs=2e-4) and marginal == pytest.approx(0.003, abs=2e-5)
+    assert budget.admissions(0.080) == 8  # (80 - 36 - 10 - 8) / 3
     budget.observe_step(0.056)  # moving average: 36 + 0.2 x 20 = 40 ms
-    assert budget.step_s == pytest.approx(0.040) and budget.admissions(0.080) == 8
+    assert budget.step_s == pytest.approx(0.040) and budget.admissions(0.080) == 7
 
 
 @pytest.mark.parametrize("prefill_budget", [True, False])
