@@ -262,6 +262,44 @@ def test_each_replicas_metrics_reach_rays_export(two_replicas):
     raise AssertionError(f"tilevox metrics of replicas {replicas - seen} not in Ray's export")
 
 
+def _replica_metric(cluster, name: str, replica: str) -> float | None:
+    """A replica's value of tilevox metric `name` in Ray's metrics export (None until exported)."""
+    text = httpx.get(f"http://127.0.0.1:{cluster.metrics_port}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(f"ray_{name}{{") and (f'replica="{replica}"' in line or f'#{replica}"' in line):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_a_client_disconnect_cancels_its_stream_on_the_replica(two_replicas):
+    """A client that reads the start of a 60 s stream and disconnects: the replica stops generating it (its
+    frame counter stops within seconds, far short of the stream's 3,000 frames; on this CPU the whole
+    stream would take about 8 s more) and its running streams fall back to 0."""
+    body = {"input": "A long stream to walk away from.", "response_format": "pcm", "max_duration_s": 60}
+    time.sleep(3)  # the earlier tests' frames reach the export first (replica bridge and Ray's report: 1 s each)
+    before = {r: _replica_metric(two_replicas, "tilevox_frames_total", r) or 0.0 for r in two_replicas.replicas()}
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", two_replicas.url + "/v1/audio/speech", json=body) as response:
+            assert response.status_code == 200
+            replica = response.headers["x-tilevox-replica"].rsplit("#", 1)[-1]
+            received = 0
+            for chunk in response.iter_bytes():
+                received += len(chunk)
+                if received >= 16000:  # half a second of 16 kHz int16 audio, then hang up
+                    break
+    deadline, counts = time.monotonic() + 20, []
+    while time.monotonic() < deadline:
+        time.sleep(1.5)
+        frames = _replica_metric(two_replicas, "tilevox_frames_total", replica)
+        active = _replica_metric(two_replicas, "tilevox_active_streams", replica)
+        counts.append(frames)
+        if active == 0 and len(counts) >= 3 and counts[-1] == counts[-2] == counts[-3]:
+            break
+    else:
+        raise AssertionError(f"the replica kept generating after the disconnect: frames {counts}, active {active}")
+    assert counts[-1] is not None and counts[-1] - before[replica] < 3000, (before[replica], counts)
+
+
 def _long_sse(url: str, client: httpx.Client, request_id: str):
     body = {"input": "A long stream.", "response_format": "pcm", "stream_format": "sse", "max_duration_s": 60}
     response = client.send(
