@@ -66,8 +66,10 @@ WORKDIR /opt/tilevox
 # The whole build context: .dockerignore leaves out everything `pip install .` does not need, so a design
 # folder that setup.py maps into the package is copied without being named here.
 COPY . ./
-# The Riva gRPC stubs ship with tilevox (server/riva_proto/): no nvidia-riva-client needed.
-RUN pip install .
+# The Riva gRPC stubs ship with tilevox (server/riva_proto/): no nvidia-riva-client needed. EXTRAS adds
+# optional dependencies, e.g. --build-arg EXTRAS=[ray] for the Ray Serve image that deploy/rayservice.yaml names.
+ARG EXTRAS=""
+RUN pip install ".${EXTRAS}"
 
 RUN useradd --create-home --uid 10001 tilevox && mkdir -p /models && chown tilevox /models
 USER tilevox
