@@ -369,7 +369,7 @@ def _add_serve(subparsers) -> None:
         "--ray",
         action="store_true",
         help="serve on Ray Serve ($RAY_ADDRESS, else a local Ray): one replica = one model on one GPU (or CPU); "
-        "needs --max-streams (each replica's stream capacity)",
+        "each replica's stream capacity is --max-streams, or without it what the first replica measures",
     )
     ray.add_argument("--num-replicas", type=int, default=None, help="with --ray: this many replicas (default 1)")
     ray.add_argument(

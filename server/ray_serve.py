@@ -126,6 +126,8 @@ def parse_autoscale(value: str) -> tuple[int, int]:
 
 
 _RAY_FLAGS = {"ray", "num_replicas", "autoscale", "gpus_per_replica"}
+# Each replica's stream capacity before one has measured it (no --max-streams): the executor's largest batch.
+UNMEASURED_CAPACITY = 256
 
 
 def serve_args_of(args: argparse.Namespace) -> tuple[str, ...]:
@@ -156,11 +158,6 @@ def _parse_serve_args(serve_args: Sequence[str]) -> argparse.Namespace:
     args = build_parser().parse_args(["serve", *serve_args])
     if args.model is not None and args.device is None:
         raise ValueError("--device is required with Ray and --model: the replicas' device, which this host may lack")
-    if args.max_streams is None:
-        raise ValueError(
-            "--max-streams is required with Ray: each replica's stream capacity must be known before the replicas "
-            "start (Ray's max_ongoing_requests and the autoscaling target are taken from it)"
-        )
     return args
 
 
@@ -178,8 +175,9 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
         device=device,
         dtype=args.dtype or ("bf16" if device == "cuda" else "fp32"),
         api_key=_api_key(args),
-        max_streams=args.max_streams,
-        max_queued=args.max_streams if args.max_queued is None else args.max_queued,
+        # without --max-streams: a placeholder until a replica has measured its capacity (_load_for_serving)
+        max_streams=args.max_streams or UNMEASURED_CAPACITY,
+        max_queued=(args.max_streams or UNMEASURED_CAPACITY) if args.max_queued is None else args.max_queued,
         max_text_chars=args.max_text_chars,
         strict_voices=args.strict_voices,
         idle_timeout_s=args.idle_timeout,
@@ -519,6 +517,9 @@ def _load_for_serving(args: argparse.Namespace):
         decode_mode=_decode_mode(args),
     )
     graphs = _install_regions(model, args, config.device)
+    if args.max_streams is None:  # the capacity this replica measured (models.capacity), as `tilevox serve`
+        queued = model.max_streams if args.max_queued is None else args.max_queued
+        config = dataclasses.replace(config, max_streams=model.max_streams, max_queued=queued)
     if config.max_streams > model.max_streams:
         raise ValueError(
             f"--max-streams {config.max_streams} exceeds what {model.model_id} supports ({model.max_streams})"
@@ -808,8 +809,10 @@ class RivaForwarder(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
 # ---- the application ----------------------------------------------------------------------------
 
 
-def build_app(options: RayOptions):
-    """The Serve application: the ingress bound to the replica deployment, laid out as `options` says."""
+def build_app(options: RayOptions, *, capacity: int | None = None):
+    """The Serve application: the ingress bound to the replica deployment, laid out as `options` says.
+    `capacity`: each replica's stream capacity (default --max-streams; without it UNMEASURED_CAPACITY until
+    `deploy` has asked a replica what it measured)."""
     try:
         from ray import serve
         from ray.serve.config import RequestRouterConfig
@@ -818,7 +821,7 @@ def build_app(options: RayOptions):
 
     args = _parse_serve_args(options.serve_args)
     config = _server_config(args)
-    capacity = config.max_streams
+    capacity = capacity or config.max_streams
     on_gpu = config.device == "cuda"
     gpus = options.gpus_per_replica if options.gpus_per_replica is not None else (1 if on_gpu else 0)
     replica_options: dict = {
@@ -867,7 +870,8 @@ def build_app(options: RayOptions):
 
 def app_builder(args: dict):
     """`serve run` / KubeRay entry point (import_path tilevox.server.ray_serve:app_builder). Keys:
-    serve_args (a string or list: `tilevox serve`'s options, --max-streams required), num_replicas,
+    serve_args (a string or list: `tilevox serve`'s options; give --max-streams here, as `serve run` cannot
+    measure it first), num_replicas,
     autoscale ("MIN:MAX"), gpus_per_replica, cpus_per_replica, grpc (bool)."""
     known = {"serve_args", "num_replicas", "autoscale", "gpus_per_replica", "cpus_per_replica", "grpc"}
     unknown = sorted(set(args) - known)
@@ -887,6 +891,23 @@ def app_builder(args: dict):
     return build_app(options)
 
 
+def deploy(options: RayOptions, *, blocking_timeout_s: float = 600.0) -> int:
+    """Run the application on the connected Ray cluster; returns each replica's stream capacity. Without
+    --max-streams, the first replica measures its capacity from its GPU's free memory (models.capacity, as
+    `tilevox serve` does), and the deployment is updated in place (max_ongoing_requests and the autoscaling
+    target are lightweight updates: no replica restarts) to what it measured."""
+    from ray import serve
+
+    serve.run(build_app(options), name=APP_NAME, route_prefix="/")
+    if _parse_serve_args(options.serve_args).max_streams is not None:
+        return _server_config(_parse_serve_args(options.serve_args)).max_streams
+    replicas = serve.get_deployment_handle("TilevoxReplica", app_name=APP_NAME)
+    measured = int(replicas.facts.remote().result(timeout_s=blocking_timeout_s)["max_streams"])
+    serve.run(build_app(options, capacity=measured), name=APP_NAME, route_prefix="/")
+    log_event(log, "ray.capacity_measured", max_streams=measured)
+    return measured
+
+
 def run_cli(options: RayOptions, *, host: str, http_port: int, on_ready=None) -> None:
     """`tilevox serve --ray`: connect to the Ray cluster at $RAY_ADDRESS (or start a local one), run the
     application with Ray's HTTP proxy on host:http_port, and serve until SIGINT/SIGTERM; then shut Serve
@@ -897,7 +918,7 @@ def run_cli(options: RayOptions, *, host: str, http_port: int, on_ready=None) ->
     import ray
     from ray import serve
 
-    app = build_app(options)
+    build_app(options)  # option mistakes surface before Ray starts
     ray.init(address=os.environ.get("RAY_ADDRESS"), logging_level=logging.WARNING)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -905,8 +926,8 @@ def run_cli(options: RayOptions, *, host: str, http_port: int, on_ready=None) ->
     try:
         serve.start(http_options={"host": host, "port": http_port})
         started = time.monotonic()
-        serve.run(app, name=APP_NAME, route_prefix="/")
-        log_event(log, "ray.serving", seconds=round(time.monotonic() - started, 1))
+        capacity = deploy(options)
+        log_event(log, "ray.serving", seconds=round(time.monotonic() - started, 1), max_streams=capacity)
         if on_ready is not None:
             on_ready()
         stop.wait()

@@ -25,7 +25,7 @@ def _check_serve_config(config: dict) -> dict:
     assert app["import_path"] == "tilevox.server.ray_serve:app_builder" and app["route_prefix"] == "/"
     from tilevox.server.ray_serve import app_builder
 
-    app_builder(app["args"])  # parses serve_args (--max-streams required) and lays out the deployments
+    app_builder(app["args"])  # parses serve_args and lays out the deployments
     return app["args"]
 
 
@@ -64,7 +64,6 @@ def test_rayservice_manifest_fields():
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--ray"], "--max-streams is required with Ray"),
         (["--ray", "--model", "random:llama-tiny", "--max-streams", "4"], "--device is required with Ray"),
         (["--ray", "--max-streams", "4", "--autoscale", "2"], "--autoscale must be MIN:MAX"),
         (["--ray", "--max-streams", "4", "--autoscale", "3:2"], "0 <= MIN <= MAX"),

@@ -438,6 +438,28 @@ def test_autoscaling_from_one_to_two_replicas_under_a_burst_and_back(cluster):
     client.close()
 
 
+def test_without_max_streams_replicas_measure_their_capacity_and_ray_follows(cluster):
+    """No --max-streams: the first replica measures its capacity as `tilevox serve` does (here the tiny
+    model's 8 slots), `deploy` updates Ray's max_ongoing_requests to it in place (no replica restart), and
+    the application serves."""
+    from tilevox.server.ray_serve import deploy
+
+    cluster.grpc_port = free_port()
+    serve_args = ("--model", MODEL, "--device", "cpu", "--host", "127.0.0.1", "--grpc-port", str(cluster.grpc_port))
+    assert deploy(RayOptions(serve_args=serve_args, num_replicas=1), blocking_timeout_s=90) == 8
+    (pid,) = cluster.wait_replicas(1, timeout_s=60).values()
+    replicas = serve.get_deployment_handle("TilevoxReplica", app_name=APP_NAME)
+    assert replicas.facts.remote().result(timeout_s=30)["max_streams"] == load_model(MODEL).max_streams == 8
+    body = {"input": "Measured.", "response_format": "pcm", "max_duration_s": 0.3}
+    assert httpx.post(cluster.url + "/v1/audio/speech", json=body, timeout=60).status_code == 200
+    assert set(cluster.replicas().values()) == {pid}  # the in-place update kept the replica
+    from ray.serve.context import _get_global_client  # deployment configs need the dashboard's API otherwise
+
+    details = _get_global_client().get_serve_details()
+    config = details["applications"][APP_NAME]["deployments"]["TilevoxReplica"]["deployment_config"]
+    assert config["max_ongoing_requests"] == 8
+
+
 def test_every_replica_full_gives_429_and_resource_exhausted(cluster):
     """Two replicas of one stream each and no queue beyond Ray's (--max-queued 0: the caller holds at most
     2 waiting requests): of 7 long requests sent at once on one surface, some are refused, over HTTP with
