@@ -14,6 +14,9 @@ sampling (the models' executor region) draws every stream's next token the same 
 SAMPLING_COUNTER_BASE + token index) after batched penalties. The Qwen3-TTS codec decode gathers its
 rows' states from the model's slot-indexed pool, decodes and scatters them back inside its graph; Llasa's
 XCodec2 block decode pads every due window to the next multiple of WINDOW_BUCKET frames (masked per row).
+NH-TTS: its text encoder is captured per (row bucket, text bucket), and its whole pick of every stream
+(guidance, penalties, filters, the EOS rules and the draw at (stream seed, SAMPLING_COUNTER_BASE + position x
+channels + channel)) runs as one graph per batch bucket (executor.sampling.nh_pick_codes).
 
 `GraphOptions(compile=True)` compiles each backend's function with torch.compile (Inductor, fullgraph)
 before its first capture; batch rows and key/history lengths are marked dynamic (a length enters as the
@@ -34,7 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tilevox.executor.sampling import filter_plan, sample_next_tokens, sample_rows
+from tilevox.executor.sampling import filter_plan, nh_pick_codes, sample_next_tokens, sample_rows
+from tilevox.models.nh_tts.generation import pick_codes
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.region_backends import (
     CHUNK_DECODE,
@@ -44,9 +48,13 @@ from tilevox.models.region_backends import (
     DECODER_PREFILL,
     DECODER_STEP,
     NH_DECODER_STEP,
+    NH_ENCODER,
+    NH_SAMPLING,
+    SAMPLING_COUNTER_BASE,
     TALKER_PREFILL,
     TALKER_STEP,
     TOKEN_SAMPLING,
+    NhPickRows,
     PredictorRows,
     SamplingRows,
     executor_region_names,
@@ -71,6 +79,8 @@ __all__ = [
     "GraphedDecoderPrefill",
     "GraphedDecoderStep",
     "GraphedNhDecoderStep",
+    "GraphedNhEncoder",
+    "GraphedNhSampling",
     "GraphedTalkerPrefill",
     "GraphedTalkerStep",
     "GraphedTokenSampling",
@@ -686,6 +696,148 @@ class GraphedNhDecoderStep(_GraphBackend):
         return logits[:batch].clone()
 
 
+class GraphedNhEncoder(_GraphBackend):
+    """NhTextEncoder of right-padded texts (NH-TTS region nh_encoder, the NhEncoderBackend protocol): one graph
+    per (batch bucket of rows, text bucket: powers of two from MIN_TEXT_BUCKET). The extra positions are
+    padding (id 0, not valid: no row's keys include them, and RoPE positions of the real ones are unchanged),
+    the extra rows copies of row 0; both are dropped from the result."""
+
+    name = NH_ENCODER
+
+    def __init__(self, encoder: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
+        super().__init__(encoder, options)
+        self.encoder = encoder
+        self._run_encode = self._compiled(encoder.forward)
+
+    def __call__(self, input_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        batch, length = input_ids.shape
+        if batch > self.options.max_batch:
+            self._fallback(f"batch {batch} above max_batch {self.options.max_batch}")
+            with torch.no_grad():
+                return self.encoder(input_ids, valid)
+        span = length_bucket(length, MIN_TEXT_BUCKET)
+        bucket, index = self._rows(batch)
+        ids = torch.nn.functional.pad(input_ids.to(torch.int64)[index], (0, span - length))
+        mask = torch.nn.functional.pad(valid.to(torch.bool)[index], (0, span - length))
+        self.keys_used.add((bucket, span))
+        with torch.no_grad():
+            hidden = self.graphs.run(
+                (bucket, span),
+                self._run_encode,
+                {"input_ids": ids, "valid": mask},
+                dynamic={"input_ids": (0, 1), "valid": (0, 1)},
+            )
+        self.num_graph_calls += 1
+        return hidden[:batch, :length].clone()
+
+
+class GraphedNhSampling(_GraphBackend):
+    """NH-TTS's pick of every stream (region nh_sampling, the NhSamplingBackend protocol): guidance (with its
+    top-k), repetition penalty, min_new_tokens, temperature, the EOS channel filter, top-k / top-p, the EOS
+    delay rule, the draw and the forced prompt entries, all rows at once (executor.sampling.nh_pick_codes),
+    one graph per (batch bucket, history bucket, filter plan) instead of a loop of small ops per stream. The
+    draw of stream b's channel c is the counter-based one at (seed, SAMPLING_COUNTER_BASE + position x C + c).
+    Per-row values arrive in one pinned copy; the model's delayed sequences are read inside the graph (the
+    history of the repetition penalty, padded to a power of two from MIN_HISTORY_BUCKET, or left out when no
+    row penalises; the forced prompt entries)."""
+
+    name = NH_SAMPLING
+
+    def __init__(self, network: torch.nn.Module, options: GraphOptions = GraphOptions()) -> None:
+        super().__init__(network, options)
+        config = self.config = network.config
+        self.eos, self.pad, self.channels = config.eos_token_id, config.pad_token_id, config.num_channels
+        self.vocab = config.decoder.vocab_size
+        self._delays = torch.tensor(config.delay_pattern, dtype=torch.int64, device=self.device)
+        self._sequences: torch.Tensor | None = None
+        self._run_pick = self._compiled(self._pick)
+
+    def _pick(self, pending, floats, ints, history, *, scale, guidance_candidates, candidates, nucleus):
+        return nh_pick_codes(
+            pending,
+            self._sequences,
+            floats,
+            ints,
+            self._delays,
+            history=history.shape[0],
+            eos=self.eos,
+            pad=self.pad,
+            scale=scale,
+            guidance_candidates=guidance_candidates,
+            candidates=candidates,
+            nucleus=nucleus,
+        )
+
+    def row_values(self, rows: NhPickRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """(floats (B, 3), ints (B, 10)) on the device in executor.sampling's NH_FLOATS / NH_INTS columns."""
+        floats, ints = [], []
+        for b, p in enumerate(rows.params):
+            sampled = not p.is_greedy
+            position = rows.positions[b]
+            floats.append((p.temperature if sampled else 0.0, p.top_p if sampled else 1.0, p.repetition_penalty))
+            ints.append(
+                (
+                    p.top_k,
+                    p.top_k if sampled else 0,
+                    rows.seeds[b],
+                    SAMPLING_COUNTER_BASE + position * self.channels,
+                    int(position - rows.prompt_lens[b] < p.min_new_tokens),
+                    position,
+                    rows.eos_limits[b],
+                    rows.eos_positions[b],
+                    rows.slots[b],
+                    rows.forced_lens[b],
+                )
+            )
+        return self._host_rows(floats, torch.float32), self._host_rows(ints, torch.int64)
+
+    def plan(self, rows: NhPickRows) -> tuple[int | None, int | None, bool]:
+        """(guidance candidates, sampling candidates, nucleus) for these rows (executor.sampling.filter_plan)."""
+        guidance, _ = filter_plan([p.top_k for p in rows.params], [], self.vocab)
+        sampled = [p for p in rows.params if not p.is_greedy]
+        candidates, nucleus = filter_plan([p.top_k for p in sampled], [p.top_p for p in sampled], self.vocab)
+        return guidance, candidates, nucleus
+
+    def __call__(
+        self, pending: torch.Tensor, sequences: torch.Tensor, rows: NhPickRows
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = pending.shape[0]
+        if len(rows.params) != batch:
+            raise ValueError(f"{len(rows.params)} pick rows for a batch of {batch}")
+        reason = None
+        if batch > self.options.max_batch:
+            reason = f"batch {batch} above max_batch {self.options.max_batch}"
+        elif self._sequences is not None and sequences is not self._sequences:
+            reason = "other sequences than the ones the graphs were captured on"
+        if reason is not None:
+            self._fallback(reason)
+            return pick_codes(self.config, pending, sequences, rows)
+        self._sequences = sequences
+        penalised = [b for b, p in enumerate(rows.params) if p.repetition_penalty != 1.0 and rows.positions[b]]
+        limit = sequences.shape[1]
+        width = length_bucket(max(rows.positions[b] for b in penalised), MIN_HISTORY_BUCKET, limit) if penalised else 0
+        floats, ints = self.row_values(rows)
+        guidance, candidates, nucleus = self.plan(rows)
+        scale = float(rows.guidance_scale) if pending.shape[1] == 2 else 1.0
+        bucket, index = self._rows(batch)
+        self.keys_used.add((bucket, width))
+        codes, top0 = self.graphs.run(
+            (bucket, width, scale, guidance, candidates, nucleus),
+            functools.partial(
+                self._run_pick, scale=scale, guidance_candidates=guidance, candidates=candidates, nucleus=nucleus
+            ),
+            {
+                "pending": pending.float()[index],
+                "floats": floats[index],
+                "ints": ints[index],
+                "history": self._span(width),
+            },
+            dynamic={"pending": (0,), "floats": (0,), "ints": (0,), "history": (0,)},
+        )
+        self.num_graph_calls += 1
+        return codes[:batch].clone(), top0[:batch].clone()
+
+
 class GraphedTokenSampling(_GraphBackend):
     """The next token of each row (the TokenSamplingBackend protocol) with executor.sampling's batched,
     counter-based draw: one graph per (batch bucket, history bucket) instead of a loop over rows with a
@@ -747,6 +899,8 @@ class GraphedTokenSampling(_GraphBackend):
 # Region name (models.region_backends) -> the graph backend that runs it; each takes the region's network.
 GRAPH_BACKENDS: dict[str, type[_GraphBackend]] = {
     NH_DECODER_STEP: GraphedNhDecoderStep,
+    NH_ENCODER: GraphedNhEncoder,
+    NH_SAMPLING: GraphedNhSampling,
     DAC_CHUNK: GraphedDacChunk,
     DECODER_STEP: GraphedDecoderStep,
     TALKER_STEP: GraphedTalkerStep,

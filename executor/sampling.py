@@ -14,6 +14,9 @@ it is and drop work no row needs: the k-th largest score comes from a top-k of `
 top_k instead of a sort of the whole vocabulary (a top-k's k-th value is the sorted one, ties included,
 and the keep-mask still compares the whole row against it), and the nucleus sort is left out when no row
 has top_p < 1. On a 193k-token vocabulary (Llasa) the two sorts were most of the sampling time.
+
+`nh_pick_codes` is NH-TTS's whole pick (models.nh_tts.generation's rules 1-7, then the draw) for every
+stream at once: per-row parameters as tensors, the draw of channel c at (seed, counter + c).
 """
 
 from __future__ import annotations
@@ -22,11 +25,16 @@ from collections.abc import Sequence
 
 import torch
 
+from tilevox.models.nh_tts.generation import eos_channel_filter
 from tilevox.trt_plugins.megakernel.vm import uniform_from_seed
 
 __all__ = [
     "MIN_CANDIDATES",
+    "NH_FLOATS",
+    "NH_INTS",
     "filter_plan",
+    "nh_pick_codes",
+    "nh_pick_scores",
     "penalize_rows",
     "sample_next_tokens",
     "sample_rows",
@@ -181,3 +189,159 @@ def sample_next_tokens(
     return sample_rows(
         scores, floats[:, 0], ints[:, 0], floats[:, 1], ints[:, 1], ints[:, 2], candidates=candidates, nucleus=nucleus
     )
+
+
+# Columns of nh_pick_scores' per-row tensors.
+NH_FLOATS = ("temperature", "top_p", "repetition_penalty")  # float32; a greedy row: 0, 1, its penalty
+NH_INTS = (
+    "guidance_top_k",  # the stream's top_k (0: none), also for greedy streams, as generate() applies it
+    "top_k",  # 0 for greedy rows
+    "seed",
+    "counter",  # the draw of channel c uses counter + c
+    "hold_eos",  # 1 while fewer than min_new_tokens positions were generated
+    "position",  # the position picked; also the history length
+    "eos_limit",
+    "eos_position",  # -1: channel 0 has not ended
+    "slot",  # the stream's row of the sequences
+    "forced_len",  # positions below this may hold forced prompt entries (non-PAD) in the sequences
+)
+
+
+def nh_pick_scores(
+    pending: torch.Tensor,
+    sequences: torch.Tensor,
+    floats: torch.Tensor,
+    ints: torch.Tensor,
+    delays: torch.Tensor,
+    *,
+    history: int,
+    eos: int,
+    scale: float,
+    guidance_candidates: int | None,
+    candidates: int | None,
+    nucleus: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """models.nh_tts.generation.pick_scores batched on the device (no host synchronisation): pending (B, R, C,
+    V) float32, sequences (S, L, C) int64, floats (B, 3) and ints (B, 10) by NH_FLOATS / NH_INTS, delays (C,)
+    int64 -> (scores (B, C, V), channel 0's best id after the filters (B,)). `history`: positions of the
+    repetition penalty's history read per row (>= every penalised row's position; 0 when no row penalises);
+    guidance_candidates / candidates / nucleus: filter_plan's shortcuts for the guidance top-k and the
+    sampling top-k / top-p."""
+    scores, top0, _ = _nh_scores(
+        pending,
+        sequences,
+        floats,
+        ints,
+        delays,
+        history=history,
+        eos=eos,
+        scale=scale,
+        guidance_candidates=guidance_candidates,
+        candidates=candidates,
+        nucleus=nucleus,
+    )
+    return scores, top0
+
+
+def _nh_scores(
+    pending, sequences, floats, ints, delays, *, history, eos, scale, guidance_candidates, candidates, nucleus
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """nh_pick_scores, and each row's EOS position after this pick (-1: none) (B,)."""
+    batch, _, channels, vocab = pending.shape
+    guidance_k, top_k, position = ints[:, 0], ints[:, 1], ints[:, 5]
+    is_eos = torch.arange(vocab, device=pending.device) == eos  # (V,)
+    cond = pending[:, 0]
+    if pending.shape[1] == 2:  # rule 1
+        scores = cond + (cond - pending[:, 1]) * scale
+        if guidance_candidates != 0:  # the conditional logits at each row's guidance_k best guided ids
+            width = vocab if guidance_candidates is None else min(guidance_candidates, vocab)
+            best = torch.topk(scores, width, dim=-1).indices  # (B, C, width), best first
+            rank = torch.arange(width, device=scores.device)
+            first_k = (rank[None, None, :] < guidance_k[:, None, None]).expand(batch, channels, width)
+            keep = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, best, first_k)
+            kept = cond.masked_fill(~keep, float("-inf"))
+            scores = torch.where((guidance_k > 0)[:, None, None], kept, scores)
+    else:
+        scores = cond
+    if history:  # rule 2, per channel over the row's positions [0, position)
+        seen = sequences[:, :history].index_select(0, ints[:, 8]).transpose(1, 2)  # (B, C, history)
+        valid = torch.arange(history, device=seen.device)[None, None, :] < position[:, None, None]
+        index = torch.where(valid, seen, torch.full_like(seen, vocab))  # column `vocab`: a dropped pad
+        padded = torch.nn.functional.pad(scores, (0, 1))
+        picked = padded.gather(2, index)
+        penalty = floats[:, 2][:, None, None]
+        picked = torch.where(picked < 0, picked * penalty, picked / penalty)
+        scores = padded.scatter(2, index, picked)[..., :vocab]
+    hold = (ints[:, 4] > 0)[:, None, None]  # rule 3
+    scores = scores.masked_fill(hold & is_eos, float("-inf"))
+    temperature = floats[:, 0]  # rule 4 (greedy rows and temperature 1: divided by 1, unchanged)
+    scores = scores / torch.where(temperature > 0, temperature, torch.ones_like(temperature))[:, None, None]
+    scores = eos_channel_filter(scores, eos)  # rule 5
+    scores = _filter(  # rule 6 (greedy rows: top_k 0, top_p 1, unchanged)
+        scores.reshape(batch * channels, vocab),
+        top_k[:, None].expand(batch, channels).reshape(-1),
+        floats[:, 1][:, None].expand(batch, channels).reshape(-1),
+        candidates,
+        nucleus,
+    ).view(batch, channels, vocab)
+    # Rule 7: channel 0 ends here if its best id is EOS or at its length limit; channel c is then forced to
+    # EOS at eos_position + delay[c].
+    top0 = scores[:, 0].argmax(dim=-1)
+    starts = (ints[:, 7] < 0) & ((top0 == eos) | (position == ints[:, 6]))
+    eos_position = torch.where(starts, position, ints[:, 7])
+    forced = ((eos_position >= 0)[:, None] & (delays[None, :] == (position - eos_position)[:, None]))[..., None]
+    scores = scores.masked_fill(forced, float("-inf")).masked_fill(forced & is_eos, 0.0)
+    return scores, top0, eos_position
+
+
+def nh_pick_codes(
+    pending: torch.Tensor,
+    sequences: torch.Tensor,
+    floats: torch.Tensor,
+    ints: torch.Tensor,
+    delays: torch.Tensor,
+    *,
+    history: int,
+    eos: int,
+    pad: int,
+    scale: float,
+    guidance_candidates: int | None,
+    candidates: int | None,
+    nucleus: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """models.nh_tts.generation.pick_codes batched on the device: nh_pick_scores, then per row the argmax
+    (temperature 0) or sample_rows' draw of channel c at (seed, counter + c); ended channels get `pad`, and
+    non-PAD entries of sequences[slot, position] below forced_len (the forced prompt) replace the pick.
+    Returns (codes (B, C) int64, channel 0's best id (B,))."""
+    scores, top0, eos_position = _nh_scores(
+        pending,
+        sequences,
+        floats,
+        ints,
+        delays,
+        history=history,
+        eos=eos,
+        scale=scale,
+        guidance_candidates=guidance_candidates,
+        candidates=candidates,
+        nucleus=nucleus,
+    )
+    batch, channels, vocab = scores.shape
+    sampled = torch.where(floats[:, 0] > 0, 1.0, 0.0)[:, None].expand(batch, channels).reshape(-1)  # T applied
+    counter = ints[:, 3][:, None] + torch.arange(channels, device=scores.device)[None, :]
+    codes = sample_rows(
+        scores.reshape(batch * channels, vocab),
+        sampled,
+        torch.zeros_like(counter).view(-1),
+        torch.ones_like(sampled),
+        ints[:, 2][:, None].expand(batch, channels).reshape(-1),
+        counter.view(-1),
+        candidates=0,
+        nucleus=False,
+    ).view(batch, channels)
+    position = ints[:, 5]
+    ended = (eos_position >= 0)[:, None] & (delays[None, :] < (position - eos_position)[:, None])
+    codes = codes.masked_fill(ended, pad)
+    prompt = sequences[ints[:, 8], position]  # (B, C): PAD where nothing is forced
+    forced = (prompt != pad) & (position < ints[:, 9])[:, None]
+    return torch.where(forced, prompt, codes), top0

@@ -36,6 +36,7 @@ __all__ = [
     "LLASA_REGIONS",
     "NH_DECODER_STEP",
     "NH_ENCODER",
+    "NH_SAMPLING",
     "NH_TTS_EXECUTOR_REGIONS",
     "NH_TTS_REGIONS",
     "QWEN3_TTS_EXECUTOR_REGIONS",
@@ -49,6 +50,9 @@ __all__ = [
     "CodecDecodeBackend",
     "DecoderPrefillBackend",
     "DecoderStepBackend",
+    "NhEncoderBackend",
+    "NhPickRows",
+    "NhSamplingBackend",
     "PredictorRows",
     "SamplingRows",
     "TalkerPrefillBackend",
@@ -74,13 +78,14 @@ CHUNK_DECODE = "chunk_decode"  # Llasa: one XCodec2 decode of every stream's due
 NH_ENCODER = "nh_encoder"  # NH-TTS: the text encoder of the streams being opened (both guidance rows)
 NH_DECODER_STEP = "nh_decoder_step"  # NH-TTS: one decoder call over cache rows: codes (B, T, C) -> logits (B, C, V)
 DAC_CHUNK = "dac_chunk"  # NH-TTS: one DAC decode of every stream's due chunk window, right-padded
+NH_SAMPLING = "nh_sampling"  # NH-TTS: one delayed position of every channel per stream from its pending logits
 
 LLASA_REGIONS: tuple[str, ...] = (DECODER_STEP,)
 QWEN3_TTS_REGIONS: tuple[str, ...] = (TALKER_STEP, CODE_PREDICTOR_LOOP)
 QWEN3_TTS_EXECUTOR_REGIONS: tuple[str, ...] = (CODEC_DECODE, TOKEN_SAMPLING, TALKER_PREFILL)
 LLASA_EXECUTOR_REGIONS: tuple[str, ...] = (TOKEN_SAMPLING, DECODER_PREFILL, CHUNK_DECODE)
 NH_TTS_REGIONS: tuple[str, ...] = (NH_DECODER_STEP,)
-NH_TTS_EXECUTOR_REGIONS: tuple[str, ...] = (NH_ENCODER, DAC_CHUNK)
+NH_TTS_EXECUTOR_REGIONS: tuple[str, ...] = (NH_ENCODER, DAC_CHUNK, NH_SAMPLING)
 # A token-sampling backend that draws on the device uses counters from here on (the stream's token index
 # added), so its draws never meet the code predictor's (frame x heads + head, far below) for one seed.
 SAMPLING_COUNTER_BASE = 1 << 31
@@ -191,6 +196,62 @@ class TokenSamplingBackend(Protocol):
     def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor: ...
 
 
+class NhEncoderBackend(Protocol):
+    """As NhTtsNetwork.encode_text: right-padded byte ids (N, T) int64 and their validity (N, T) bool on the
+    device -> hidden states (N, T, hidden); only the valid positions of each row mean anything."""
+
+    def __call__(self, input_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NhPickRows:
+    """Per-stream state of one NH-TTS pick (models.nh_tts.generation.pick_codes), one entry per stream.
+
+    Stream b picks delayed position positions[b]; row slots[b] of the model's delayed sequences holds its
+    positions so far (the repetition penalty's history, BOS and prompt included) and, at positions not yet
+    picked, its forced prompt entries (non-PAD, up to forced_lens[b]). prompt_lens[b] positions were
+    prefilled (min_new_tokens counts from there), channel 0 is forced to EOS at eos_limits[b], and
+    eos_positions[b] is where channel 0 ended (-1: not yet). The plain path draws from `generators`; a
+    backend that draws on the device uses the counter-based RNG at (seeds[b], SAMPLING_COUNTER_BASE +
+    positions[b] x channels + channel), so a stream draws the same alone and in any batch."""
+
+    params: tuple[SamplingParams, ...]
+    generators: tuple[torch.Generator, ...]
+    seeds: tuple[int, ...]
+    slots: tuple[int, ...]
+    positions: tuple[int, ...]
+    prompt_lens: tuple[int, ...]
+    forced_lens: tuple[int, ...]
+    eos_limits: tuple[int, ...]
+    eos_positions: tuple[int, ...]
+    guidance_scale: float  # used when the pending logits hold two rows per stream (conditional, unconditional)
+
+    def __post_init__(self) -> None:
+        fields = (
+            self.generators,
+            self.seeds,
+            self.slots,
+            self.positions,
+            self.prompt_lens,
+            self.forced_lens,
+            self.eos_limits,
+            self.eos_positions,
+        )
+        if any(len(f) != len(self.params) for f in fields):
+            raise ValueError(f"one entry per stream in every field: got {[len(self.params), *map(len, fields)]}")
+
+
+class NhSamplingBackend(Protocol):
+    """As models.nh_tts.generation.pick_codes (without its config): pending logits (B, R, C, V) float32 (R
+    guidance rows per stream: conditional, then unconditional), the model's delayed sequences (S, L, C) int64
+    and the rows -> (codes (B, C) int64 on the device, channel 0's best id after the filters (B,) int64: the
+    host's EOS bookkeeping reads it once per step)."""
+
+    def __call__(
+        self, pending: torch.Tensor, sequences: torch.Tensor, rows: NhPickRows
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 def draw_tokens(
     backend: TokenSamplingBackend | None,
     logits: torch.Tensor,
@@ -226,6 +287,7 @@ _CALL_BATCH = {
     NH_ENCODER: lambda input_ids, valid: input_ids.shape[0],
     NH_DECODER_STEP: lambda cache, rows, codes: len(rows),
     DAC_CHUNK: lambda codes, lengths: codes.shape[0],
+    NH_SAMPLING: lambda pending, sequences, rows: pending.shape[0],
 }
 
 

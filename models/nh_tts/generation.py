@@ -12,10 +12,12 @@ to one frame of logits per stream, in its order:
 7. the EOS delay rule: once channel 0 picks EOS at position e (or e reaches the length limit), channel c
    is forced to EOS at e + delay[c];
 then argmax (greedy) or one multinomial draw of all channels from the stream's generator; a channel that
-has ended gets PAD; positions still inside the delayed prompt keep the prompt's token.
+has ended gets PAD; positions still inside the delayed prompt keep the prompt's token. `pick_codes` applies
+them to a batch of streams (the plain path of the model's `nh_sampling` region; the executor's backend does
+the same pick batched on the device with a counter-based draw).
 
 The delay pattern: codebook c of audio frame f sits at sequence position f + delay[c]; `delay_prompt`
-applies it to a prompt, `undelay` takes it back. Imports: torch, models.nh_tts.config.
+applies it to a prompt, `undelay` takes it back. Imports: torch, models.{region_backends,nh_tts.config}.
 """
 
 from __future__ import annotations
@@ -25,11 +27,15 @@ from collections.abc import Sequence
 import torch
 
 from tilevox.models.nh_tts.config import NhTtsConfig
+from tilevox.models.region_backends import NhPickRows
 
 __all__ = [
     "apply_guidance",
     "delay_prompt",
     "eos_channel_filter",
+    "eos_started",
+    "pick_codes",
+    "pick_scores",
     "top_k_top_p",
     "undelay",
 ]
@@ -109,3 +115,76 @@ def undelay(config: NhTtsConfig, sequence: torch.Tensor, start: int, end: int) -
     positions = frames[None, :] + delays[:, None]  # (C, F)
     channels = torch.arange(config.num_channels, device=sequence.device)[:, None].expand_as(positions)
     return sequence[positions, channels]
+
+
+def eos_started(rows: NhPickRows, b: int, top0: int, eos_id: int) -> bool:
+    """Rule 7's start: stream b's channel 0 ends at this position (its best id is EOS, or the length limit)."""
+    return rows.eos_positions[b] < 0 and (top0 == eos_id or rows.positions[b] == rows.eos_limits[b])
+
+
+def pick_scores(
+    config: NhTtsConfig, pending: torch.Tensor, sequences: torch.Tensor, rows: NhPickRows
+) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+    """Rules 1-7 for a batch of streams: pending logits (B, R, C, V) float32 (edited in place), the delayed
+    sequences (S, L, C) -> (the scores each stream's channels are picked from (B, C, V), channel 0's best id
+    after the filters per stream, the ended channels (B, C) bool on the CPU)."""
+    eos = config.eos_token_id
+    cond = pending[:, 0]
+    if pending.shape[1] == 2:
+        scores = apply_guidance(cond, pending[:, 1], rows.guidance_scale, [p.top_k for p in rows.params])
+    else:
+        scores = cond
+    for b, p in enumerate(rows.params):
+        if p.repetition_penalty != 1.0:
+            history = sequences[rows.slots[b], : rows.positions[b]].T  # (C, positions)
+            row = scores[b]
+            picked = row.gather(1, history)
+            picked = torch.where(picked < 0, picked * p.repetition_penalty, picked / p.repetition_penalty)
+            scores[b] = row.scatter(1, history, picked)
+        if rows.positions[b] - rows.prompt_lens[b] < p.min_new_tokens:
+            scores[b, :, eos] = float("-inf")
+        if not p.is_greedy and p.temperature != 1.0:
+            scores[b] = scores[b] / p.temperature
+    scores = eos_channel_filter(scores, eos)
+    for b, p in enumerate(rows.params):
+        if not p.is_greedy and (p.top_k > 0 or p.top_p < 1.0):
+            scores[b] = top_k_top_p(scores[b], p.top_k, p.top_p)
+    # The EOS delay rule (one host sync per step: whether channel 0 ends).
+    top0 = scores[:, 0].argmax(dim=-1).tolist()
+    batch = len(rows.params)
+    forced = torch.zeros(batch, config.num_channels, dtype=torch.bool)
+    ended = torch.zeros(batch, config.num_channels, dtype=torch.bool)
+    delays = torch.tensor(config.delay_pattern, dtype=torch.long)
+    for b in range(batch):
+        eos_position = rows.positions[b] if eos_started(rows, b, top0[b], eos) else rows.eos_positions[b]
+        if eos_position >= 0:
+            since = rows.positions[b] - eos_position
+            forced[b] = delays == since
+            ended[b] = delays < since
+    if bool(forced.any()):
+        forced_d = forced.to(scores.device)
+        scores = scores.masked_fill(forced_d[..., None], float("-inf"))
+        scores[..., eos] = scores[..., eos].masked_fill(forced_d, 0.0)
+    return scores, top0, ended
+
+
+def pick_codes(
+    config: NhTtsConfig, pending: torch.Tensor, sequences: torch.Tensor, rows: NhPickRows
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One delayed position of every channel per stream: (codes (B, C) int64 on the pending logits' device,
+    channel 0's best id after the filters (B,) int64 on the CPU). Greedy streams take the argmax, sampled
+    streams one multinomial draw of all channels from their generator; ended channels get PAD and forced
+    prompt entries (sequences[slot, position], non-PAD) replace the pick."""
+    scores, top0, ended = pick_scores(config, pending, sequences, rows)
+    tokens = scores.argmax(dim=-1)  # (B, C): the greedy picks
+    for b, p in enumerate(rows.params):
+        if not p.is_greedy:
+            probs = scores[b].softmax(dim=-1)
+            tokens[b] = torch.multinomial(probs, 1, generator=rows.generators[b])[:, 0]
+    if bool(ended.any()):
+        tokens = tokens.masked_fill(ended.to(tokens.device), config.pad_token_id)
+    for b in range(len(rows.params)):
+        if rows.positions[b] < rows.forced_lens[b]:
+            row = sequences[rows.slots[b], rows.positions[b]]
+            tokens[b] = torch.where(row != config.pad_token_id, row, tokens[b])
+    return tokens, torch.tensor(top0, dtype=torch.long)

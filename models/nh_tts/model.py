@@ -30,14 +30,18 @@ from tilevox.models.dac import DacCodec, DacStreamDecoder, push_many
 from tilevox.models.errors import RequestError
 from tilevox.models.nh_tts.config import NhTtsConfig
 from tilevox.models.nh_tts.decoder import NhDecoderCache, NhTtsNetwork
-from tilevox.models.nh_tts.generation import apply_guidance, delay_prompt, eos_channel_filter, top_k_top_p, undelay
+from tilevox.models.nh_tts.generation import delay_prompt, eos_started, pick_codes
 from tilevox.models.nh_tts.tokenizer import PAD_ID, SPEAKER_TAGS, encode_text, has_speaker_tag
 from tilevox.models.region_backends import (
     DAC_CHUNK,
     NH_DECODER_STEP,
     NH_ENCODER,
+    NH_SAMPLING,
     NH_TTS_EXECUTOR_REGIONS,
     NH_TTS_REGIONS,
+    NhEncoderBackend,
+    NhPickRows,
+    NhSamplingBackend,
 )
 from tilevox.models.sampling import SamplingParams, make_generator
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest, VoiceInfo
@@ -46,6 +50,7 @@ __all__ = [
     "DAC_CHUNK",
     "NH_DECODER_STEP",
     "NH_ENCODER",
+    "NH_SAMPLING",
     "NH_TTS_EXECUTOR_REGIONS",
     "NH_TTS_REGIONS",
     "NhTtsModel",
@@ -187,14 +192,17 @@ class NhTtsModel(SpeechModel):
         )
         self._streams: dict[int, _Stream] = {}
         self._next_id = itertools.count(1)
-        self._delays = torch.tensor(config.delay_pattern, dtype=torch.long)
+        self._delays_device = torch.tensor(config.delay_pattern, dtype=torch.long, device=self.device)
+        self._channels_device = torch.arange(config.num_channels, device=self.device)
         # None: the conventional path. Otherwise callables with the same signature and results, set through
-        # models.region_backends.set_region_backend (network.encode_text, network.step, codec.decode_windows).
-        self.nh_encoder_backend: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        # models.region_backends.set_region_backend (network.encode_text, network.step, codec.decode_windows,
+        # generation.pick_codes).
+        self.nh_encoder_backend: NhEncoderBackend | None = None
         self.nh_decoder_step_backend: Callable[[NhDecoderCache, Sequence[int], torch.Tensor], torch.Tensor] | None = (
             None
         )
         self.dac_chunk_backend: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self.nh_sampling_backend: NhSamplingBackend | None = None
 
     # ---- regions ---------------------------------------------------------------------------
 
@@ -202,7 +210,7 @@ class NhTtsModel(SpeechModel):
         return nh_region_modules(self.network)
 
     def executor_region_modules(self) -> dict[str, torch.nn.Module]:
-        return {NH_ENCODER: self.network.encoder, DAC_CHUNK: self.codec}
+        return {NH_ENCODER: self.network.encoder, DAC_CHUNK: self.codec, NH_SAMPLING: self.network}
 
     # ---- SpeechModel interface -------------------------------------------------------------
 
@@ -372,8 +380,10 @@ class NhTtsModel(SpeechModel):
                     f"no room for audio: max_duration_s {request.max_duration_s} and the context of {self.max_seq_len} "
                     f"positions (prompt {prompt_len}) allow {frames} frames"
                 )
+            # The prefilled positions, and ahead of them the forced prompt entries (non-PAD) that the picks of
+            # those positions keep (generation.pick_codes reads them here); every pick writes its position.
             self._sequences[slot].fill_(config.pad_token_id)
-            self._sequences[slot, :prompt_len] = forced[:prompt_len]
+            self._sequences[slot, : forced.shape[0]] = forced
             streams.append(
                 _Stream(
                     slot=slot,
@@ -423,17 +433,26 @@ class NhTtsModel(SpeechModel):
         with record_function("tilevox.sampling"):
             tokens = self._pick(streams)  # (B, C) on the device
         config = self.config
-        for b, (stream_id, s) in enumerate(zip(ids, streams)):
-            self._sequences[s.slot, s.position] = tokens[b]
-            if self.code_observer is not None:
+        # Every stream's pick into its sequence in one indexed write (its indices through one pinned copy: no
+        # host synchronisation per stream).
+        slots = self._device_index([s.slot for s in streams])
+        self._sequences[slots, self._device_index([s.position for s in streams])] = tokens
+        if self.code_observer is not None:
+            for b, (stream_id, s) in enumerate(zip(ids, streams)):
                 self.code_observer(stream_id, s.position, tokens[b])
-        # Frames that became complete: frame f = position - max_delay, for f in [P, e).
-        pushes: list[tuple[int, torch.Tensor]] = []
+        # Frames that became complete: frame f = position - max_delay, for f in [P, e); undone from the delay
+        # (generation.undelay: channel c of frame f at position f + delay[c]) for all of them in one gather.
+        pushed: list[tuple[int, int]] = []
         for b, s in enumerate(streams):
             frame = s.position - config.max_delay
             if frame >= s.prompt_len and (s.eos_position is None or frame < s.eos_position):
-                pushes.append((b, undelay(config, self._sequences[s.slot], frame, frame + 1)))
+                pushed.append((b, frame))
                 s.frames_pushed = frame + 1
+        pushes: list[tuple[int, torch.Tensor]] = []
+        if pushed:
+            where = self._device_index([(streams[b].slot, frame) for b, frame in pushed])  # (P, 2)
+            frames = self._sequences[where[:, :1], where[:, 1:] + self._delays_device, self._channels_device]
+            pushes = [(b, frames[i][:, None]) for i, (b, _) in enumerate(pushed)]  # (C, 1) each
         finished: list[int] = []
         going_on: list[int] = []
         for b, s in enumerate(streams):
@@ -451,7 +470,8 @@ class NhTtsModel(SpeechModel):
                 samples[b] = piece
         if going_on:
             rows = [streams[b].rows[k] for b in going_on for k in range(self.rows_per_stream)]
-            codes = tokens[going_on].repeat_interleave(self.rows_per_stream, dim=0)[:, None, :]
+            going = tokens if len(going_on) == len(streams) else tokens[self._device_index(going_on)]
+            codes = going.repeat_interleave(self.rows_per_stream, dim=0)[:, None, :]
             step = self.nh_decoder_step_backend or self.network.step
             with record_function("tilevox.nh_decoder_step"):
                 logits = step(self._cache, rows, codes)  # (B' x rows, C, V)
@@ -469,62 +489,40 @@ class NhTtsModel(SpeechModel):
                 chunks.append(AudioChunk(stream_id, samples[b], counts[b]))
         return chunks
 
+    def _device_index(self, values: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
+        """Host ints as an int64 tensor on the model's device, through one pinned asynchronous copy on a GPU."""
+        pinned = self.device.type == "cuda"
+        return torch.tensor(values, dtype=torch.long, pin_memory=pinned).to(self.device, non_blocking=pinned)
+
     def _pick(self, streams: list[_Stream]) -> torch.Tensor:
-        """One delayed position of every channel per stream (B, C), by the rules of models.nh_tts.generation."""
-        config = self.config
-        eos = config.eos_token_id
+        """One delayed position of every channel per stream (B, C), by the rules of models.nh_tts.generation:
+        generation.pick_codes, or the nh_sampling backend where one is installed; then the EOS bookkeeping
+        from channel 0's best ids (one host sync per step)."""
+        eos = self.config.eos_token_id
         pending = torch.stack([s.pending for s in streams]).float()  # (B, rows, C, V)
-        cond = pending[:, 0]
-        if self.rows_per_stream == 2:
-            scores = apply_guidance(cond, pending[:, 1], self.guidance_scale, [s.params.top_k for s in streams])
-        else:
-            scores = cond
-        for b, s in enumerate(streams):
-            p = s.params
-            if p.repetition_penalty != 1.0:
-                history = self._sequences[s.slot, : s.position].T  # (C, positions)
-                row = scores[b]
-                picked = row.gather(1, history)
-                picked = torch.where(picked < 0, picked * p.repetition_penalty, picked / p.repetition_penalty)
-                scores[b] = row.scatter(1, history, picked)
-            if s.position - s.prompt_len < p.min_new_tokens:
-                scores[b, :, eos] = float("-inf")
-            if not p.is_greedy and p.temperature != 1.0:
-                scores[b] = scores[b] / p.temperature
-        scores = eos_channel_filter(scores, eos)
-        for b, s in enumerate(streams):
-            p = s.params
-            if not p.is_greedy and (p.top_k > 0 or p.top_p < 1.0):
-                scores[b] = top_k_top_p(scores[b], p.top_k, p.top_p)
-        # The EOS delay rule (one host sync per step: whether channel 0 ends).
-        top0 = scores[:, 0].argmax(dim=-1).tolist()
-        forced = torch.zeros(len(streams), config.num_channels, dtype=torch.bool)
-        ended = torch.zeros(len(streams), config.num_channels, dtype=torch.bool)
-        delays = self._delays
-        for b, s in enumerate(streams):
-            if s.eos_position is None and (top0[b] == eos or s.position == s.eos_limit):
+        rows = NhPickRows(
+            params=tuple(s.params for s in streams),
+            generators=tuple(s.generator for s in streams),
+            seeds=tuple(s.generator.initial_seed() for s in streams),
+            slots=tuple(s.slot for s in streams),
+            positions=tuple(s.position for s in streams),
+            prompt_lens=tuple(s.prompt_len for s in streams),
+            forced_lens=tuple(s.forced.shape[0] for s in streams),
+            eos_limits=tuple(s.eos_limit for s in streams),
+            eos_positions=tuple(-1 if s.eos_position is None else s.eos_position for s in streams),
+            guidance_scale=self.guidance_scale,
+        )
+        tokens, top0 = (self.nh_sampling_backend or self._pick_codes)(pending, self._sequences, rows)
+        for b, (s, best) in enumerate(zip(streams, top0.tolist())):
+            if eos_started(rows, b, best, eos):
                 s.eos_position = s.position
-                s.eos_by_length = top0[b] != eos
-            if s.eos_position is not None:
-                since = s.position - s.eos_position
-                forced[b] = delays == since
-                ended[b] = delays < since
-        forced_d = forced.to(self.device)
-        if bool(forced.any()):
-            scores = scores.masked_fill(forced_d[..., None], float("-inf"))
-            scores[..., eos] = scores[..., eos].masked_fill(forced_d, 0.0)
-        tokens = scores.argmax(dim=-1)  # (B, C): the greedy picks
-        for b, s in enumerate(streams):
-            if not s.params.is_greedy:
-                probs = scores[b].softmax(dim=-1)
-                tokens[b] = torch.multinomial(probs, 1, generator=s.generator)[:, 0]
-        if bool(ended.any()):
-            tokens = tokens.masked_fill(ended.to(self.device), config.pad_token_id)
-        for b, s in enumerate(streams):
-            if s.position < s.forced.shape[0]:
-                row = s.forced[s.position]
-                tokens[b] = torch.where(row != config.pad_token_id, row, tokens[b])
+                s.eos_by_length = best != eos
         return tokens
+
+    def _pick_codes(
+        self, pending: torch.Tensor, sequences: torch.Tensor, rows: NhPickRows
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return pick_codes(self.config, pending, sequences, rows)
 
     def close(self, stream_id: int) -> bool:
         if stream_id not in self._streams:

@@ -378,3 +378,72 @@ def test_nh_tts_regions_in_the_executor_equal_the_plain_path():
         assert codes.shape[0] > 20 and torch.equal(codes, want_codes)
         assert audio.size > 0 and audio.size == want_audio.size
         np.testing.assert_allclose(audio, want_audio, atol=1e-5, rtol=0)
+
+
+def test_nh_tts_encoder_region_pads_rows_and_positions():
+    """nh_encoder: both guidance rows of three texts of 5 to 70 bytes (6 rows padded to bucket 8 with copies of
+    row 0, positions to the text bucket 128, not valid) give the eager encoder's valid positions (the keys
+    attended differ only by masked padding); a call above max_batch runs the encoder itself, said once."""
+    from tilevox.executor.graphs import GraphedNhEncoder
+    from tilevox.models.region_backends import NH_ENCODER
+
+    model = load_model("random:nh-tts-tiny")
+    assert install_graph_regions(model, [NH_ENCODER], EAGER) == {NH_ENCODER: None}
+    backend = model.nh_encoder_backend
+    assert isinstance(backend, GraphedNhEncoder)
+    generator = torch.Generator().manual_seed(0)
+    lengths = [5, 70, 33]
+    ids = torch.zeros(6, 70, dtype=torch.long)
+    valid = torch.zeros(6, 70, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        ids[b, :n] = torch.randint(3, 256, (n,), generator=generator)
+        valid[b, :n] = valid[b + 3, :n] = True  # the unconditional row: zeros, the same mask
+    want = model.network.encode_text(ids, valid)
+    got = backend(ids, valid)
+    assert got.shape == want.shape == (6, 70, model.config.encoder.hidden_size)
+    torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
+    one = backend(ids[1:2, :3], valid[1:2, :3])
+    torch.testing.assert_close(one, model.network.encode_text(ids[1:2, :3], valid[1:2, :3]), atol=1e-5, rtol=0)
+    assert backend.keys_used == {(8, 128), (1, 64)} and backend.num_graph_calls == 2
+
+    small = GraphedNhEncoder(model.network.encoder, GraphOptions(capture=False, max_batch=4))
+    assert torch.equal(small(ids, valid), want) and small.num_conventional_calls == 1
+
+
+def test_nh_tts_sampling_region_greedy_equals_the_plain_path_and_draws_per_stream():
+    """nh_sampling (with all of NH-TTS's regions, eagerly): greedy streams (guidance top-k, repetition penalty,
+    min_new_tokens) give the plain path's codes at every position, three streams ending at different steps;
+    a sampled stream (the preset's default sampling) draws the same alone and beside the greedy ones."""
+    from tilevox.models.region_backends import NH_SAMPLING
+
+    greedy = [
+        SynthesisRequest(text="[S1] Short.", seed=1, max_duration_s=0.3, sampling=SamplingParams.greedy()),
+        SynthesisRequest(
+            text="[S1] A much longer line of text. [S2] And a reply.",
+            max_duration_s=0.4,
+            sampling=SamplingParams(temperature=0.0, top_k=5, repetition_penalty=1.3, min_new_tokens=4),
+        ),
+        SynthesisRequest(text="[S2] Mid.", max_duration_s=0.2, sampling=SamplingParams(temperature=0.0, top_k=3)),
+    ]
+    sampled = SynthesisRequest(text="[S1] Drawn on the device.", seed=11, max_duration_s=0.35)
+
+    def run(install: bool, requests):
+        model = load_model("random:nh-tts-tiny")
+        if install:
+            assert set(install_graph_regions(model, options=EAGER).values()) == {None}
+        codes: dict[int, list[torch.Tensor]] = {}
+        model.code_observer = lambda sid, position, c: codes.setdefault(sid, []).append(c.clone())
+        ids = model.open_streams(requests)
+        while live := [i for i in ids if i in model.open_stream_ids]:
+            model.step(live)
+        return model, [torch.stack(codes[i]) for i in ids]
+
+    _, plain = run(False, greedy)
+    model, got = run(True, [*greedy, sampled])
+    assert len({c.shape[0] for c in plain}) == 3
+    for codes, want in zip(got, plain):
+        assert codes.shape[0] > 20 and torch.equal(codes, want)
+    backend = getattr(model, f"{NH_SAMPLING}_backend")
+    assert backend.num_conventional_calls == 0 and {bucket for bucket, _ in backend.keys_used} >= {4, 2, 1}
+    _, (alone,) = run(True, [sampled])
+    assert sampled.sampling is None and alone.shape[0] > 20 and torch.equal(got[3], alone)

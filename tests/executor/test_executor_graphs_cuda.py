@@ -117,20 +117,43 @@ def test_compiled_graphs_equal_the_compiled_code_run_eagerly():
     assert graph_model.chunk_decode_backend.graphs.num_graphs >= 1
 
 
-def test_nh_tts_graphs_equal_the_eager_executor():
-    """NH-TTS (nh_decoder_step, dac_chunk) captured vs the same executor run eagerly, bf16: the same codes at
-    every position and bit-identical audio, for three streams (6 cache rows padded to 8, then fewer)."""
-    from tilevox.models.nh_tts.loader import load_preset as load_nh
+_NH_REQUESTS = [
+    SynthesisRequest(text="[S1] Short.", seed=1, max_duration_s=0.4, sampling=SamplingParams.greedy()),
+    SynthesisRequest(text="[S1] A much longer line of text. [S2] And a reply.", seed=2, max_duration_s=0.4),
+    SynthesisRequest(text="[S2] Middle one.", seed=3, max_duration_s=0.25),
+]
+# Repetition penalties (the pick reads each row's history inside its graph), min_new_tokens, a top-p without a
+# top-k, a greedy stream with a guidance top-k, a text longer than one 64-byte encoder bucket.
+_NH_PENALISED = [
+    SynthesisRequest(
+        text="[S1] Penalised and sampled. " * 3,
+        seed=4,
+        max_duration_s=0.5,
+        sampling=SamplingParams(temperature=1.1, top_k=40, top_p=0.9, repetition_penalty=1.2, min_new_tokens=5),
+    ),
+    SynthesisRequest(
+        text="[S2] Greedy.", seed=5, max_duration_s=0.3, sampling=SamplingParams(temperature=0.0, top_k=5)
+    ),
+    SynthesisRequest(
+        text="[S1] Nucleus only.",
+        seed=6,
+        max_duration_s=0.2,
+        sampling=SamplingParams(temperature=0.8, top_k=0, top_p=0.8, repetition_penalty=0.9),
+    ),
+]
 
-    requests = [
-        SynthesisRequest(text="[S1] Short.", seed=1, max_duration_s=0.4, sampling=SamplingParams.greedy()),
-        SynthesisRequest(text="[S1] A much longer line of text. [S2] And a reply.", seed=2, max_duration_s=0.4),
-        SynthesisRequest(text="[S2] Middle one.", seed=3, max_duration_s=0.25),
-    ]
+
+@pytest.mark.parametrize("requests", [_NH_REQUESTS, _NH_PENALISED], ids=["default", "penalised"])
+def test_nh_tts_graphs_equal_the_eager_executor(requests):
+    """NH-TTS (nh_encoder, nh_decoder_step, nh_sampling, dac_chunk) captured vs the same executor run eagerly,
+    bf16: the same codes at every position (greedy and sampled streams: the pick and its counter-based draw
+    run in the graph) and bit-identical audio, for three streams (6 cache rows padded to 8, then fewer)."""
+    from tilevox.models.nh_tts.loader import load_preset as load_nh
 
     def run(capture: bool):
         model = load_nh("nh-tts-tiny", device="cuda", dtype=torch.bfloat16, max_streams=4)
-        install_graph_regions(model, options=GraphOptions(capture=capture))
+        installed = install_graph_regions(model, options=GraphOptions(capture=capture))
+        assert set(installed.values()) == {None}, installed
         codes: dict[int, list[torch.Tensor]] = {}
         model.code_observer = lambda sid, position, c: codes.setdefault(sid, []).append(c.clone())
         ids = model.open_streams(requests)
@@ -143,6 +166,8 @@ def test_nh_tts_graphs_equal_the_eager_executor():
     _, eager = run(False)
     model, graphed = run(True)
     assert model.nh_decoder_step_backend.graphs.num_graphs > 0 and model.dac_chunk_backend.graphs.num_graphs > 0
+    assert model.nh_encoder_backend.graphs.num_graphs == 1 and model.nh_sampling_backend.graphs.num_graphs >= 2
+    assert model.nh_sampling_backend.num_conventional_calls == 0
     for (codes, audio), (want_codes, want_audio) in zip(graphed, eager):
         assert len(codes) == len(want_codes) > 20 and all(torch.equal(a, b) for a, b in zip(codes, want_codes))
         np.testing.assert_array_equal(audio, want_audio)

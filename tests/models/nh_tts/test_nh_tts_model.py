@@ -16,7 +16,14 @@ from tilevox.models.dac.streaming import STREAM_MAX_ABS_ERROR
 from tilevox.models.errors import CheckpointError, RequestError
 from tilevox.models.nh_tts.generation import delay_prompt, undelay
 from tilevox.models.nh_tts.loader import NETWORK_SHAPES, load_checkpoint, load_preset
-from tilevox.models.nh_tts.model import DAC_CHUNK, NH_DECODER_STEP, NH_ENCODER, NhTtsModel, StreamCapacityError
+from tilevox.models.nh_tts.model import (
+    DAC_CHUNK,
+    NH_DECODER_STEP,
+    NH_ENCODER,
+    NH_SAMPLING,
+    NhTtsModel,
+    StreamCapacityError,
+)
 from tilevox.models.nh_tts.tokenizer import encode_text
 from tilevox.models.region_backends import region_module, set_region_backend
 from tilevox.models.registry import load_model, meta_regions, preset_family
@@ -115,11 +122,13 @@ def test_streamed_audio_equals_a_full_decode(tiny):
 
 def test_region_backends_are_called(tiny):
     assert region_module(tiny, NH_ENCODER) is tiny.network.encoder and region_module(tiny, DAC_CHUNK) is tiny.codec
-    calls = {name: 0 for name in (NH_ENCODER, NH_DECODER_STEP, DAC_CHUNK)}
+    assert region_module(tiny, NH_SAMPLING) is tiny.network
+    calls = {name: 0 for name in (NH_ENCODER, NH_DECODER_STEP, DAC_CHUNK, NH_SAMPLING)}
     conventional = {
         NH_ENCODER: tiny.network.encode_text,
         NH_DECODER_STEP: tiny.network.step,
         DAC_CHUNK: tiny.codec.decode_windows,
+        NH_SAMPLING: tiny._pick_codes,
     }
 
     def counting(name):
