@@ -1,7 +1,7 @@
 """The flat weight view through which a model hands a decoder network to a region compiler.
 
 Each decoder network that a region can run (models.llama's LlamaForCausalLM, models.qwen3_tts' Talker
-and CodePredictor) implements `decoder_view()`, returning a `DecoderView`: per-layer weights named by
+and CodePredictor, models.nh_tts' NhTtsNetwork) implements `decoder_view()`, returning a `DecoderView`: per-layer weights named by
 role (the tensors themselves, no copies), RoPE inverse frequencies computed exactly as the network
 computes them, and its embedding tables and heads. The compiler reads this view and never the
 network's own attributes. Imports: torch only.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DecoderView", "LayerWeights", "ModelFamily"]
+__all__ = ["CrossAttentionShape", "CrossAttentionWeights", "DecoderView", "LayerWeights", "ModelFamily"]
 
 
 class ModelFamily(enum.Enum):
@@ -23,6 +23,31 @@ class ModelFamily(enum.Enum):
     LLAMA = "llama"  # token in (one embedding table), logits out (one head)
     QWEN3_TTS_TALKER = "qwen3_tts_talker"  # summed embeddings in, final-norm hidden and codec logits out
     QWEN3_TTS_CODE_PREDICTOR = "qwen3_tts_code_predictor"  # Q-1 heads, each code embedded for the next
+    # Summed codebook embeddings in (computed by the caller), every channel's logits out of one head of
+    # channels x vocab rows, cross-attention over per-row encoder keys/values in each layer; no on-device
+    # sampling (guidance and the delay pattern pick on the host).
+    NH_TTS = "nh_tts"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrossAttentionWeights:
+    """One layer's cross-attention, between self-attention and the MLP: x += w_o . attend(w_q . norm(x) * ln,
+    the row's encoder keys/values). Keys and values are computed once per stream, outside the region."""
+
+    ln: torch.Tensor  # (hidden,) the pre-cross-attention norm
+    w_q: torch.Tensor  # (Hc * Dc, hidden), no RoPE
+    w_o: torch.Tensor  # (hidden, Hc * Dc)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrossAttentionShape:
+    """Heads of the cross-attention (it may differ from the self-attention's) and the longest text a
+    row's encoder keys/values may hold by default (the region's cross cache length when none is given)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_text_len: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +62,7 @@ class LayerWeights:
     w_gate: torch.Tensor  # (I, hidden)
     w_up: torch.Tensor  # (I, hidden)
     w_down: torch.Tensor  # (hidden, I)
+    cross: CrossAttentionWeights | None = None  # NH_TTS: every layer has one; others: None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +84,8 @@ class DecoderView:
     heads: tuple[torch.Tensor, ...]
     projection: tuple[torch.Tensor, torch.Tensor] | None  # (weight (Hp, Ht), bias (Hp,))
     input_size: int  # width of the embeddings / hidden fed to the region (talker width for the predictor)
+    attn_scale: float | None = None  # attention logit scale; None: head_dim ** -0.5 (Dia folds it in: 1)
+    cross: CrossAttentionShape | None = None  # NH_TTS: the layers' cross-attention heads; others: None
 
     @property
     def dtype(self) -> torch.dtype:

@@ -5,8 +5,9 @@
     python -m tilevox.engine_builder.regions --model qwen3-tts-0.6b --region code_predictor_loop --batch 8 --out cp.json
 
 --model: a preset of models.registry (the names synth and serve take, with or without `random:`).
---region: one of the model's regions (Llasa: decoder_step; Qwen3-TTS: talker_step, code_predictor_loop),
-the same names as `--megakernel`; --layers A-B compiles only layers [A, B) of that region's network
+--region: one of the model's regions (Llasa: decoder_step; Qwen3-TTS: talker_step, code_predictor_loop;
+NH-TTS: nh_decoder_step, its cross cache as long as the encoder's positions), the same names as
+`--megakernel`; --layers A-B compiles only layers [A, B) of that region's network
 (no embedding, no head). Prints the instruction count, totals and the predicted region time; --check
 also runs the static check of trt_plugins.megakernel.validate.
 Imports: argparse, torch, models.registry, trt_plugins.megakernel, this package.

@@ -11,8 +11,9 @@ logs why, once per reason, on the "tilevox.megakernel" logger. Nothing falls bac
 The code-predictor loop samples on the device with its counter-based RNG (seed, frame x heads +
 head): greedy codes equal the conventional path's (up to bf16 near-ties); sampled codes follow the
 same distribution but are different draws, and the streams' torch generators no longer advance on
-predictor draws, so later talker draws differ too. Imports: torch, models, trt_plugins.megakernel,
-this package.
+predictor draws, so later talker draws differ too. The NH-TTS decoder step returns logits only (the model
+picks codes with guidance and its delay pattern on the host); its summed codebook embeddings are computed
+by the model's own embedding before the launch. Imports: torch, models, trt_plugins.megakernel, this package.
 """
 
 from __future__ import annotations
@@ -25,16 +26,23 @@ from dataclasses import dataclass
 import torch
 
 from tilevox.engine_builder.regions.adapters import DecoderView, decoder_view
-from tilevox.engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs
+from tilevox.engine_builder.regions.bindings import (
+    code_predictor_inputs,
+    llama_decode_inputs,
+    nh_decoder_inputs,
+    sampling_inputs,
+)
 from tilevox.engine_builder.regions.compiler import CompiledRegion, compile_region
 from tilevox.engine_builder.regions.spec import RegionSpec, TilingConfig, region_spec
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
+from tilevox.models.nh_tts.decoder import NhDecoderCache, NhTtsNetwork
 from tilevox.models.qwen3_tts.code_predictor import CodePredictor
 from tilevox.models.qwen3_tts.layers import CacheView, KVCache
 from tilevox.models.qwen3_tts.talker import Talker
 from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
     DECODER_STEP,
+    NH_DECODER_STEP,
     TALKER_STEP,
     PredictorRows,
     region_module,
@@ -53,6 +61,7 @@ __all__ = [
     "Executor",
     "MegakernelCodePredictorLoop",
     "MegakernelDecoderStep",
+    "MegakernelNhDecoderStep",
     "MegakernelTalkerStep",
     "MegakernelUnavailable",
     "BACKENDS",
@@ -134,10 +143,22 @@ def _checked_view(module: torch.nn.Module) -> DecoderView:
         "input_size": view.input_size,
         "q width": view.num_heads * view.head_dim,
     }
+    if view.cross is not None:
+        if view.cross.head_dim > MAX_HEAD_DIM:
+            raise MegakernelUnavailable(
+                f"cross-attention head_dim {view.cross.head_dim} is above the kernel's {MAX_HEAD_DIM}"
+            )
+        widths["cross q width"] = view.cross.num_heads * view.cross.head_dim
     for name, width in widths.items():
         if width > MAX_ROW_WIDTH:
             raise MegakernelUnavailable(f"{name} {width} exceeds the kernel's row staging of {MAX_ROW_WIDTH}")
     return view
+
+
+def _dense(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.is_contiguous() and tensor.data_ptr() % 16 == 0:
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 class _CallUnsupported(Exception):
@@ -192,7 +213,9 @@ class _RegionRunner:
             except ValueError as exc:
                 self._failed[batch] = f"batch {batch} does not compile: {exc}"
                 raise _CallUnsupported(self._failed[batch]) from exc
-            weights = {name: t.to(self.device) for name, t in region.weights.items()}
+            # The kernel reads dense, 16-byte-aligned buffers: a weight view that is not (a slice of a fused
+            # matrix at an odd offset) is copied once.
+            weights = {name: _dense(t.to(self.device)) for name, t in region.weights.items()}
             self._compiled[batch] = _Compiled(region=region, weights=weights)
         return self._compiled[batch]
 
@@ -415,11 +438,77 @@ class MegakernelCodePredictorLoop(_Backend):
         return torch.stack([out[f"s{head + 1}.tokens"] for head in range(self.predictor.num_steps)], dim=1)
 
 
+class MegakernelNhDecoderStep(_Backend):
+    """NhTtsNetwork.step of one new position per row (codes (B, 1, C) -> logits (B, C, V)) as one region:
+    layers with self-attention, cross-attention over the rows' encoder keys/values and MLP, final norm and
+    the all-channel head. A prompt prefill (several positions per row) runs conventionally."""
+
+    name = NH_DECODER_STEP
+
+    def __init__(self, network: NhTtsNetwork, options: BackendOptions = BackendOptions()) -> None:
+        super().__init__(options)
+        if options.executor is Executor.CUDA:
+            _check_cuda(network.device)
+        _checked_view(network)
+        self.network = network
+        self._cache: NhDecoderCache | None = None
+        self._runner: _RegionRunner | None = None
+
+    def _runner_for(self, cache: NhDecoderCache) -> _RegionRunner:
+        if self._cache is None:
+            self._cache = cache
+            self._runner = _RegionRunner(
+                self.network,
+                region_spec(NH_DECODER_STEP),
+                device=self.network.device,
+                options=self.options,
+                compile_args={
+                    "max_context": cache.max_seq_len,
+                    "num_cache_slots": cache.max_rows,
+                    "cache_len": cache.max_seq_len,
+                    "cross_cache_len": cache.max_text_len,
+                },
+            )
+        elif cache is not self._cache:
+            raise _CallUnsupported("the call's decoder cache is not the one the region was bound to")
+        return self._runner
+
+    def __call__(self, cache: NhDecoderCache, rows: Sequence[int], codes: torch.Tensor) -> torch.Tensor:
+        rows = [int(r) for r in rows]
+        if codes.dim() != 3 or codes.shape[0] != len(rows) or len(set(rows)) != len(rows):
+            return self.network.step(cache, rows, codes)  # not a fallback: step raises its own error
+        batch, steps = codes.shape[:2]
+        if any(not cache.is_allocated(r) or cache.lengths[r] + steps > cache.max_seq_len for r in rows):
+            return self.network.step(cache, rows, codes)  # not a fallback: step raises its own error
+        try:
+            if steps != 1:
+                raise _CallUnsupported(f"{steps} new positions per row (a prompt prefill); the region decodes one")
+            empty = [r for r in rows if cache.text_lengths[r] < 1]
+            if empty:
+                raise _CallUnsupported(f"cache rows {empty} have no encoder keys/values (text length 0)")
+            self._check_batch(batch)
+            runner = self._runner_for(cache)
+            compiled = runner.region(batch)
+        except _CallUnsupported as exc:
+            self._fallback(str(exc))
+            return self.network.step(cache, rows, codes)
+        with torch.no_grad():
+            x_in = self.network.decoder.embeddings(codes)[:, 0]
+        bound = nh_decoder_inputs(compiled.region, cache, rows, x_in)
+        out = runner.run(compiled, {n: t for n, t in bound.items() if n not in compiled.weights})
+        for row in rows:
+            cache.lengths[row] += 1
+        self.num_megakernel_calls += 1
+        dec = self.network.config.decoder
+        return out["s0.logits"].view(batch, dec.num_channels, dec.vocab_size).clone()
+
+
 # Region name (models.region_backends) -> the backend class that runs it; each takes the region's network.
 BACKENDS: dict[str, type[_Backend]] = {
     DECODER_STEP: MegakernelDecoderStep,
     TALKER_STEP: MegakernelTalkerStep,
     CODE_PREDICTOR_LOOP: MegakernelCodePredictorLoop,
+    NH_DECODER_STEP: MegakernelNhDecoderStep,
 }
 
 

@@ -1,9 +1,10 @@
 """Bind a compiled region's INPUT and STATE buffers from the reference models' own objects.
 
 `sampling_inputs` turns per-stream `SamplingParams` + seeds into the SAMPLE_EMBED buffers (and
-refuses what the on-device sampler does not implement); `llama_decode_inputs` and
-`code_predictor_inputs` bind the models' KV caches in place (their layout is the region's).
-Imports: torch, models (sampling, llama, qwen3_tts), this package.
+refuses what the on-device sampler does not implement); `llama_decode_inputs`, `code_predictor_inputs`
+and `nh_decoder_inputs` bind the models' KV caches in place (their layout is the region's; NH-TTS's cross
+keys/values too).
+Imports: torch, models (sampling, llama, qwen3_tts, nh_tts), this package.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import torch
 
 from tilevox.engine_builder.regions.compiler import CompiledRegion
 from tilevox.models.llama.model import LlamaKVCache
+from tilevox.models.nh_tts.decoder import NhDecoderCache
 from tilevox.models.qwen3_tts.layers import KVCache
 from tilevox.models.sampling import SamplingParams
 
-__all__ = ["code_predictor_inputs", "llama_decode_inputs", "sampling_inputs"]
+__all__ = ["code_predictor_inputs", "llama_decode_inputs", "nh_decoder_inputs", "sampling_inputs"]
 
 
 def sampling_inputs(
@@ -96,4 +98,39 @@ def code_predictor_inputs(
         slots=torch.arange(batch, dtype=torch.int64),
         k_cache=cache.keys,
         v_cache=cache.values,
+    )
+
+
+def nh_decoder_inputs(
+    region: CompiledRegion, cache: NhDecoderCache, rows: Sequence[int], x_in: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Weights + the summed codebook embeddings of one new position per row `x_in` (B, hidden) + each row's
+    position, cache row and text length + NhDecoderCache's self and cross keys/values (read in place; the
+    self keys/values of the new position are appended by the run). The caller advances cache.lengths by 1.
+    ValueError for rows that are not allocated, have no encoder keys/values or no room left."""
+    batch = region.program.constants.batch_size
+    rows = [int(r) for r in rows]
+    if len(rows) != batch or x_in.shape[0] != batch:
+        raise ValueError(f"region was compiled for batch {batch}, got {len(rows)} rows and x_in {tuple(x_in.shape)}")
+    bad = [
+        r
+        for r in rows
+        if not cache.is_allocated(r) or cache.text_lengths[r] < 1 or cache.lengths[r] + 1 > region.max_context
+    ]
+    if bad:
+        raise ValueError(
+            f"cache rows {bad} are not allocated, have no encoder keys/values or are full (max_context "
+            f"{region.max_context})"
+        )
+    index = torch.tensor(rows, dtype=torch.int64, device=cache.text_lengths_device.device)
+    return dict(
+        region.weights,
+        x_in=x_in,
+        positions=torch.tensor([cache.lengths[r] for r in rows], dtype=torch.int64),
+        slots=torch.tensor(rows, dtype=torch.int64),
+        text_lengths=cache.text_lengths_device[index],
+        k_cache=cache.self_k,
+        v_cache=cache.self_v,
+        cross_k_cache=cache.cross_k,
+        cross_v_cache=cache.cross_v,
     )

@@ -84,6 +84,7 @@ class _Builder:
         self.weights: dict[str, torch.Tensor] = {}
         self.instructions: list[Instruction] = []
         self.num_counters = 0
+        self.cross_cost_text = 0  # encoder keys per row assumed by the CROSS_ATTN cost estimates
 
     # buffers ---------------------------------------------------------------------------------
     def buffer(self, name: str, kind: BufferKind, dtype: DType, shape: tuple[int, ...]) -> int:
@@ -294,6 +295,10 @@ def _layer(
         waits=(reduce_wait,),
         residual=True,
     )
+    if w.cross is not None:
+        x_mid, oproj_wait = _cross_attention(
+            b, tiling, step=step, layer=layer, x=x_mid, x_wait=oproj_wait, tag=tag, prefix=prefix
+        )
     ln2, wg, wu, wd = (
         b.weight(prefix + n, t)
         for n, t in (("ln2", w.ln2), ("w_gate", w.w_gate), ("w_up", w.w_up), ("w_down", w.w_down))
@@ -333,6 +338,74 @@ def _layer(
     return x_out, down_wait, tuple(qkv_waits)
 
 
+def _cross_attention(
+    b: _Builder, tiling: TilingConfig, *, step: int, layer: int, x: int, x_wait: Wait, tag: str, prefix: str
+) -> tuple[int, Wait]:
+    """One layer's cross-attention (NH_TTS): x + w_o . CROSS_ATTN(rmsnorm(x) * ln . w_q) over each row's
+    encoder keys/values (`cross_k_cache` / `cross_v_cache`, masked by `text_lengths`). The query projection
+    is a norm + matrix-vector stage (RMSNORM_LMHEAD's semantics, no head involved), the output projection
+    an OPROJ_RESIDUAL stage; returns (x after the residual, its wait)."""
+    c, v, elt = b.c, b.view, b.elt
+    cw, shape = v.layers[layer].cross, v.cross
+    batch, hidden = c.batch_size, v.hidden_size
+    d, kv_heads = shape.head_dim, shape.num_kv_heads
+    g_size = shape.num_heads // kv_heads
+    width = shape.num_heads * d
+    ln, wq, wo = (
+        b.weight(prefix + n, t) for n, t in (("cross.ln", cw.ln), ("cross.w_q", cw.w_q), ("cross.w_o", cw.w_o))
+    )
+    q = b.act(tag + "cross_q", width)
+    q_wait = b.matvec_stage(
+        Opcode.RMSNORM_LMHEAD,
+        layer=layer,
+        step=step,
+        rows=width,
+        tile_rows=tiling.matvec_rows,
+        in_width=hidden,
+        inputs=(x, ln, wq),
+        outputs=(q, NO_ID),
+        waits=(x_wait,),
+        norm=True,
+    )
+    attn = b.act(tag + "cross_attn_out", width)
+    ids, text = b.ids, b.cross_cost_text
+    records = []
+    for group in range(kv_heads):
+        for start, stop in _tiles(batch, tiling.cross_attn_rows):
+            n = stop - start
+            records.append(
+                {
+                    "opcode": Opcode.CROSS_ATTN,
+                    "layer": layer,
+                    "step": step,
+                    "tile_start": start,
+                    "tile_stop": stop,
+                    "args": (group,),
+                    "inputs": (q, ids["cross_k_cache"], ids["cross_v_cache"], ids["text_lengths"], ids["slots"]),
+                    "outputs": (attn,),
+                    "waits": (q_wait,),
+                    "kv_bytes": 2 * n * text * d * elt,
+                    "activation_bytes": 2 * n * g_size * d * elt + 2 * n * 8,
+                    "flops": 2 * 2 * n * g_size * text * d,
+                }
+            )
+    attn_wait = b.stage(records)
+    x_out = b.act(tag + "x_cross", hidden)
+    out_wait = b.matvec_stage(
+        Opcode.OPROJ_RESIDUAL,
+        layer=layer,
+        step=step,
+        rows=hidden,
+        tile_rows=tiling.matvec_rows,
+        in_width=width,
+        inputs=(attn, wo, x),
+        outputs=(x_out,),
+        waits=(attn_wait,),
+        residual=True,
+    )
+    return x_out, out_wait
+
+
 def _head(
     b: _Builder,
     tiling: TilingConfig,
@@ -345,9 +418,10 @@ def _head(
     x_normed: int,
     next_table: torch.Tensor | None,
     vocab_limit: int | None,
+    sample: bool = True,
 ) -> tuple[int, Wait]:
     """Final norm + head + sampling (+ next-token embedding); returns (x_next buffer or NO_ID, wait).
-    Row b's draw uses RNG counter rng_offset[b] + rng_step."""
+    Row b's draw uses RNG counter rng_offset[b] + rng_step. Without `sample`: logits only (their wait)."""
     c, v, elt = b.c, b.view, b.elt
     batch, hidden = c.batch_size, v.hidden_size
     head = v.heads[head_idx]
@@ -370,6 +444,8 @@ def _head(
         norm=True,
         first_tile_extra_bytes=batch * hidden * elt if x_normed != NO_ID else 0,  # tile 0 also writes xn
     )
+    if not sample:
+        return NO_ID, lm_wait
     tokens = b.buffer(f"s{step}.tokens", BufferKind.OUTPUT, DType.INT64, (batch,))
     table = NO_ID
     x_next = NO_ID
@@ -441,6 +517,7 @@ def compile_region(
     policy: SchedulingPolicy = SchedulingPolicy.CRITICAL_PATH,
     device: DeviceCosts = H200,
     cost_context: int | None = None,
+    cross_cache_len: int | None = None,
 ) -> CompiledRegion:
     """Compile `spec` of `model` for `batch_size` rows attending at most `max_context` keys.
 
@@ -453,6 +530,12 @@ def compile_region(
     own cache layout. OUTPUT: `s{step}.logits`, `s{step}.tokens`, `x_out` (layers region without
     head), `x_normed` (talker head: the final-norm hidden). cost_context: keys per row at step 0
     assumed by the cost estimates (default: the most the region allows).
+
+    A view with cross-attention (NH_TTS) also takes INPUT `text_lengths` (B,) int64 (row b attends encoder
+    positions [0, text_lengths[b]) of cache row slots[b]) and STATE `cross_k_cache`, `cross_v_cache` (layers,
+    num_cache_slots, cross kv heads, cross_cache_len, cross head_dim): NhDecoderCache's cross_k / cross_v,
+    read in place (default cross_cache_len: the view's max_text_len; the cost estimates assume full texts).
+    NH_TTS regions end with the logits (`s0.logits`, channels x vocab per row): no on-device sampling.
     """
     tiling = TilingConfig() if tiling is None else tiling
     view = decoder_view(model)
@@ -486,6 +569,7 @@ def compile_region(
         raise ValueError(
             f"the cache ({num_cache_slots} slots x {cache_len}) must hold {batch_size} rows x {max_context} positions"
         )
+    cross_cache_len = _check_cross(view, first, stop, cross_cache_len)
     partition_tokens = tiling.resolve_partition_tokens(max_context)
     constants = RegionConstants(
         batch_size=batch_size,
@@ -493,7 +577,7 @@ def compile_region(
         num_kv_heads=view.num_kv_heads,
         head_dim=view.head_dim,
         rms_norm_eps=view.rms_norm_eps,
-        attn_scale=view.head_dim**-0.5,
+        attn_scale=view.head_dim**-0.5 if view.attn_scale is None else view.attn_scale,
         partition_tokens=partition_tokens,
         num_partitions=math.ceil(max_context / partition_tokens),
     )
@@ -504,7 +588,14 @@ def compile_region(
     cache_shape = (view.num_layers, num_cache_slots, view.num_kv_heads, cache_len, view.head_dim)
     b.buffer("k_cache", BufferKind.STATE, b.act_dtype, cache_shape)
     b.buffer("v_cache", BufferKind.STATE, b.act_dtype, cache_shape)
-    has_sampling = spec.kind is RegionKind.CODE_PREDICTOR_LOOP or spec.lm_head
+    if view.cross is not None:
+        b.buffer("text_lengths", BufferKind.INPUT, DType.INT64, (batch_size,))
+        cross = view.cross
+        cross_shape = (view.num_layers, num_cache_slots, cross.num_kv_heads, cross_cache_len, cross.head_dim)
+        b.buffer("cross_k_cache", BufferKind.STATE, b.act_dtype, cross_shape)
+        b.buffer("cross_v_cache", BufferKind.STATE, b.act_dtype, cross_shape)
+        b.cross_cost_text = cross_cache_len
+    has_sampling = spec.kind is RegionKind.CODE_PREDICTOR_LOOP or (spec.lm_head and _samples(view))
     if has_sampling:
         for name, dtype in _SAMPLING_INPUTS:
             b.buffer(name, BufferKind.INPUT, dtype, (batch_size,))
@@ -534,6 +625,34 @@ def compile_region(
     )
     program = schedule_program(program, num_sms=num_sms, policy=policy, device=device)
     return CompiledRegion(spec=spec, program=program, weights=b.weights, num_steps=num_steps, max_context=max_context)
+
+
+def _samples(view: DecoderView) -> bool:
+    """Whether a region ending with the head samples on the device (NH_TTS: logits only)."""
+    return view.family is not ModelFamily.NH_TTS
+
+
+def _check_cross(view: DecoderView, first: int, stop: int, cross_cache_len: int | None) -> int:
+    """The cross cache length (0 without cross-attention); ValueError naming what does not fit."""
+    with_cross = [i for i in range(first, stop) if view.layers[i].cross is not None]
+    if view.cross is None:
+        if with_cross:
+            raise ValueError(f"layers {with_cross} have cross-attention weights but the view declares no cross shape")
+        if cross_cache_len is not None:
+            raise ValueError("cross_cache_len given for a network without cross-attention")
+        return 0
+    if len(with_cross) != stop - first:
+        raise ValueError(f"cross-attention in layers {with_cross} only; the region needs it in every layer")
+    cross = view.cross
+    if min(cross.num_heads, cross.num_kv_heads, cross.head_dim) < 1 or cross.num_heads % cross.num_kv_heads:
+        raise ValueError(
+            f"cross-attention heads {cross.num_heads} must be a positive multiple of its kv heads "
+            f"{cross.num_kv_heads} (head_dim {cross.head_dim})"
+        )
+    length = cross.max_text_len if cross_cache_len is None else cross_cache_len
+    if length < 1:
+        raise ValueError(f"cross_cache_len must be >= 1, got {length}")
+    return length
 
 
 def _compile_decoder(
@@ -601,6 +720,7 @@ def _compile_decoder(
             x_normed=x_normed,
             next_table=next_table,
             vocab_limit=spec.vocab_limit,
+            sample=_samples(v),
         )
         x_waits = (wait,)
 

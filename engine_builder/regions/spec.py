@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, TALKER_STEP
+from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, NH_DECODER_STEP, TALKER_STEP
 
 __all__ = ["RegionKind", "RegionSpec", "TilingConfig", "region_spec"]
 
@@ -82,6 +82,7 @@ def region_spec(name: str) -> RegionSpec:
     specs = {
         DECODER_STEP: RegionSpec.full_step(1),
         TALKER_STEP: RegionSpec(lm_head=True),
+        NH_DECODER_STEP: RegionSpec(lm_head=True),  # summed embeddings in, all channels' logits out
         CODE_PREDICTOR_LOOP: RegionSpec.code_predictor_loop(),
     }
     if name not in specs:
@@ -93,7 +94,8 @@ def region_spec(name: str) -> RegionSpec:
 class TilingConfig:
     """Rows per matrix-vector tile (Hazy uses 16 at batch 1), query/key/value heads per QKV tile,
     batch rows per sampling tile, and the KV partitioning of attention: partitions of at least
-    min_partition_tokens keys, at most max_partitions of them (partition_tokens overrides both)."""
+    min_partition_tokens keys, at most max_partitions of them (partition_tokens overrides both);
+    batch rows per cross-attention tile (one tile per kv group and row range)."""
 
     matvec_rows: int = 16
     lm_head_rows: int = 64
@@ -102,6 +104,7 @@ class TilingConfig:
     min_partition_tokens: int = 256
     max_partitions: int = 24
     partition_tokens: int | None = None
+    cross_attn_rows: int = 4
 
     def __post_init__(self) -> None:
         for name in (
@@ -111,6 +114,7 @@ class TilingConfig:
             "sample_rows",
             "min_partition_tokens",
             "max_partitions",
+            "cross_attn_rows",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

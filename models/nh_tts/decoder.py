@@ -7,7 +7,9 @@ position), cross-attention over the row's encoder keys/values (computed once per
 cache), the MLP, and returns logits for every channel (B, C, V). A stream with classifier-free guidance
 owns two rows (conditional text, unconditional text); rows of different streams sit at different
 positions and text lengths (each row's keys past its own position or text length are masked).
-Imports: torch, models.nh_tts.{config,encoder}.
+`NhTtsNetwork.decoder_view()` hands the decoder step to a region compiler (models.decoder_view, family
+NH_TTS): the summed embeddings are the region's input, the cross caches are read where they lie.
+Imports: torch, models.{layers,decoder_view}, models.nh_tts.{config,encoder}.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from tilevox.models.decoder_view import (
+    CrossAttentionShape,
+    CrossAttentionWeights,
+    DecoderView,
+    LayerWeights,
+    ModelFamily,
+)
 from tilevox.models.layers import RMSNorm
 from tilevox.models.nh_tts.config import NhDecoderConfig, NhTtsConfig
 from tilevox.models.nh_tts.encoder import (
@@ -255,6 +264,58 @@ class NhTtsNetwork(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.logits_dense.weight.dtype
+
+    def decoder_view(self) -> DecoderView:
+        """The weights a region compiler reads (models.decoder_view, family NH_TTS): each layer's self-attention
+        (GQA, RoPE, scale 1: Dia folds 1/sqrt(d) into its query weights), cross-attention (query and output
+        projections; its keys/values are the cache's cross_k/cross_v, written by write_cross) and MLP (gate
+        and up are the two row halves of gate_up_proj, views), the final norm and the all-channel head
+        (channels x vocab rows). The region's input is the summed codebook embeddings (`decoder.embeddings`)."""
+        dec = self.config.decoder
+        layers = []
+        for layer in self.decoder.layers:
+            attn, cross, mlp = layer.self_attention, layer.cross_attention, layer.mlp
+            gate, up = mlp.gate_up_proj.weight.chunk(2, dim=0)
+            layers.append(
+                LayerWeights(
+                    ln1=layer.pre_sa_norm.weight,
+                    w_q=attn.q_proj.weight,
+                    w_k=attn.k_proj.weight,
+                    w_v=attn.v_proj.weight,
+                    qk_norm=None,
+                    w_o=attn.o_proj.weight,
+                    ln2=layer.pre_mlp_norm.weight,
+                    w_gate=gate,
+                    w_up=up,
+                    w_down=mlp.down_proj.weight,
+                    cross=CrossAttentionWeights(
+                        ln=layer.pre_ca_norm.weight, w_q=cross.q_proj.weight, w_o=cross.o_proj.weight
+                    ),
+                )
+            )
+        return DecoderView(
+            family=ModelFamily.NH_TTS,
+            hidden_size=dec.hidden_size,
+            intermediate_size=dec.intermediate_size,
+            num_heads=dec.num_attention_heads,
+            num_kv_heads=dec.num_key_value_heads,
+            head_dim=dec.head_dim,
+            rms_norm_eps=dec.norm_eps,
+            inv_freq=self.decoder.inv_freq,
+            layers=tuple(layers),
+            final_norm=self.decoder.norm.weight,
+            embed_tables=(),
+            heads=(self.logits_dense.weight,),
+            projection=None,
+            input_size=dec.hidden_size,
+            attn_scale=1.0,
+            cross=CrossAttentionShape(
+                num_heads=dec.cross_num_attention_heads,
+                num_kv_heads=dec.cross_num_key_value_heads,
+                head_dim=dec.cross_head_dim,
+                max_text_len=self.config.encoder.max_position_embeddings,
+            ),
+        )
 
     def new_cache(self, *, max_rows: int, max_seq_len: int, max_text_len: int) -> NhDecoderCache:
         return NhDecoderCache(

@@ -1,20 +1,25 @@
 """Megakernel region backends on the GPU (CUDA executor): whole greedy utterances of the tiny Llasa and
 Qwen3-TTS give the conventional path's tokens and frames in fp32, and in bf16 every teacher-forced step
 has logits within bf16 tolerance whose argmax differs from the conventional one only at near-ties
-(reference top-2 gap below the tolerance). Needs an sm_90 GPU and libtilevox_kernels.so."""
+(reference top-2 gap below the tolerance); the same for the NH-TTS decoder step (cross-attention over each
+row's encoder keys/values, rows at different positions and text lengths). Needs an sm_90 GPU and
+libtilevox_kernels.so."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tilevox.engine_builder.regions import BackendOptions, install_megakernel_regions
+from tilevox.engine_builder.regions import BackendOptions, TilingConfig, install_megakernel_regions
 from tilevox.engine_builder.regions.backends import (
     MegakernelCodePredictorLoop,
     MegakernelDecoderStep,
+    MegakernelNhDecoderStep,
     MegakernelTalkerStep,
 )
 from tilevox.models.llasa.loader import load_preset as load_llasa
+from tilevox.models.nh_tts.loader import network_config
+from tilevox.models.nh_tts.weights import random_network
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
 from tilevox.models.qwen3_tts.model import ModelOptions
@@ -155,3 +160,37 @@ def test_qwen3_talker_and_predictor_teacher_forced(dtype):
                 head = differs[0]
                 _assert_near_tie(int(got_codes[row, head]), ref_head_logits[head][row], 2 * TOL[dtype])
     assert step.num_conventional_calls == 0 and predictor.num_conventional_calls == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nh_decoder_step_teacher_forced(dtype):
+    """random:nh-tts-tiny's network on the GPU: MegakernelNhDecoderStep (CUDA executor) against
+    NhTtsNetwork.step on an identical cache, three rows at positions 6 / 0 / 17 with text lengths 9 / 1 / 30,
+    eight teacher-forced steps: logits (every channel) within TOL, argmax equal up to near-ties."""
+    network = random_network(network_config("nh-tts-tiny"), seed=1, device="cuda", dtype=dtype)
+    config = network.config
+    channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
+    gen = torch.Generator().manual_seed(4)
+    rows, positions, texts = [5, 0, 2], [6, 0, 17], [9, 1, 30]
+    caches = [network.new_cache(max_rows=8, max_seq_len=64, max_text_len=32) for _ in range(2)]
+    encoded = torch.randn(3, 32, config.encoder.hidden_size, generator=gen).to("cuda", dtype)
+    valid = (torch.arange(32)[None, :] < torch.tensor(texts)[:, None]).cuda()
+    prefixes = [torch.randint(0, vocab, (1, n, channels), generator=gen).cuda() for n in positions]
+    for cache in caches:
+        cache.claim(rows)
+        network.decoder.write_cross(cache, rows, encoded, valid)
+        for row, prefix in zip(rows, prefixes):
+            if prefix.shape[1]:
+                network.step(cache, [row], prefix)
+    tiling = TilingConfig(matvec_rows=24, lm_head_rows=100, heads_per_qkv_tile=2, partition_tokens=7, cross_attn_rows=2)
+    backend = MegakernelNhDecoderStep(network, BackendOptions(tiling=tiling))
+    for _ in range(8):
+        codes = torch.randint(0, vocab, (3, 1, channels), generator=gen).cuda()
+        with torch.no_grad():
+            ref = network.step(caches[0], rows, codes)
+            got = backend(caches[1], rows, codes)
+        assert got.shape == ref.shape == (3, channels, vocab)
+        torch.testing.assert_close(got.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
+        _assert_argmax_or_near_tie(got.flatten(0, 1), ref.flatten(0, 1), 2 * TOL[dtype])
+    assert backend.num_megakernel_calls == 8 and backend.num_conventional_calls == 0
+    assert caches[1].lengths == caches[0].lengths

@@ -38,6 +38,17 @@ from tilevox.engine_builder.regions.__main__ import main
             "--check",
         ],
         ["--model", "qwen3-tts-tiny", "--region", "talker_step", "--batch", "1", "--max-context", "50"],
+        [
+            "--model",
+            "random:nh-tts-tiny",
+            "--region",
+            "nh_decoder_step",
+            "--batch",
+            "2",
+            "--max-context",
+            "40",
+            "--check",
+        ],
     ],
 )
 def test_cli_writes_a_tile_graph(argv, tmp_path, capsys):

@@ -179,6 +179,20 @@ class Opcode(enum.Enum):
         ),
         outputs=("tokens_out", "x_next"),
     )
+    CROSS_ATTN = OpcodeInfo(
+        code=11,
+        summary=(
+            "cross-attention of kv group `group` over per-row encoder keys/values computed before the launch: "
+            "for the group's query heads h, attn_out[b, h] = softmax(q[b, h] . k_cache[layer, slots[b], group, "
+            ":text_lengths[b]] * attn_scale) @ v_cache[layer, slots[b], group, :text_lengths[b]] (fp32 softmax); "
+            "head count and head_dim from the buffers: caches (layers, slots, kv heads, text, D), q and attn_out "
+            "(B, heads * D)"
+        ),
+        tile="batch rows",
+        args=("group",),
+        inputs=("q", "k_cache", "v_cache", "text_lengths", "slots"),
+        outputs=("attn_out",),
+    )
 
     @property
     def code(self) -> int:

@@ -60,6 +60,13 @@ def footprint(inst: Instruction, program: Program) -> tuple[list[tuple[int, Box]
         past = ((inst.layer, inst.layer + 1), (group, group + 1), (0, inst.step + 1))
         reads += [(ins[1], past), (ins[2], past)]
         writes += [(outs[0], (rows, (group, group + 1), tile)), (outs[1], (rows, (group, group + 1), tile))]
+    elif op is Opcode.CROSS_ATTN:
+        # The cross caches are written before the launch (once per stream): only q and attn_out are tracked.
+        (group,) = inst.args
+        width = _cross_group_width(program, inst)
+        cols = (group * width, (group + 1) * width)
+        reads.append((ins[0], (tile, cols)))
+        writes.append((outs[0], (tile, cols)))
     elif op is Opcode.ATTN_REDUCE:
         reads += [(ins[0], (rows, tile, _ALL)), (ins[1], (rows, tile, _ALL))]
         width = c.group_size * c.head_dim
@@ -81,6 +88,13 @@ def footprint(inst: Instruction, program: Program) -> tuple[list[tuple[int, Box]
     else:  # pragma: no cover - every opcode is listed above; a new one must declare its footprint
         raise AssertionError(f"no footprint for {op.name}")
     return [(b, box) for b, box in reads if b != NO_ID], [(b, box) for b, box in writes if b != NO_ID]
+
+
+def _cross_group_width(program: Program, inst: Instruction) -> int:
+    """Columns of q / attn_out one CROSS_ATTN kv group covers: (heads / kv heads) x head_dim of its cache."""
+    q_width = program.buffers[inst.inputs[0]].shape[1]
+    kv_heads = program.buffers[inst.inputs[1]].shape[2]
+    return q_width // kv_heads
 
 
 def _overlap(a: Box, b: Box) -> bool:

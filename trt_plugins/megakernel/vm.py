@@ -170,6 +170,34 @@ class _Machine:
                 part_out[row, group, partition] = (weights / total) @ values
                 part_lse[row, group, partition] = (peak + torch.log(total))[:, 0]
 
+    def _cross_attn(self, inst: Instruction) -> None:
+        q, k_cache, v_cache, text_lengths, slots = (self.buf(i) for i in inst.inputs)
+        (attn_out,) = (self.buf(i) for i in inst.outputs)
+        (group,) = inst.args
+        layers, num_slots, kv_heads, text_len, d = k_cache.shape
+        heads = q.shape[1] // d
+        if heads * d != q.shape[1] or heads % kv_heads or not 0 <= group < kv_heads:
+            raise ValueError(
+                f"CROSS_ATTN: q width {q.shape[1]} is not a multiple of {kv_heads} kv heads x head_dim {d}, "
+                f"or group {group} is out of range"
+            )
+        g_size = heads // kv_heads
+        cols = slice(group * g_size * d, (group + 1) * g_size * d)
+        for row in range(inst.tile_start, inst.tile_stop):
+            length, slot = int(text_lengths[row]), int(slots[row])
+            if not 1 <= length <= text_len or not 0 <= slot < num_slots:
+                raise ValueError(
+                    f"CROSS_ATTN row {row}: text length {length} outside [1, {text_len}] or slot {slot} outside "
+                    f"[0, {num_slots})"
+                )
+            queries = q[row, cols].float().view(g_size, d)  # (G, D)
+            keys = k_cache[inst.layer, slot, group, :length].float()  # (n, D)
+            values = v_cache[inst.layer, slot, group, :length].float()  # (n, D)
+            scores = (queries @ keys.T) * self.c.attn_scale  # (G, n)
+            weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+            out = (weights / weights.sum(dim=-1, keepdim=True)) @ values  # (G, D)
+            attn_out[row, cols] = out.reshape(-1).to(attn_out.dtype)
+
     def _attn_reduce(self, inst: Instruction) -> None:
         part_out, part_lse = (self.buf(i) for i in inst.inputs)
         (attn_out,) = (self.buf(i) for i in inst.outputs)

@@ -2,7 +2,9 @@
 buffer values (the VM on CPU, the kernel on the GPU). Tiny Llama full-step regions at batch 1, 2, 7 for
 16 greedy steps (fp32 and bf16), a 16-step loop region with seeded top-k/top-p sampling, split regions
 in sequence, the Qwen3-TTS code-predictor loop, CUDA-graph capture + replay, and the watchdog turning
-an unsatisfiable wait into an error instead of a hang. Needs a GPU and libtilevox_kernels.so."""
+an unsatisfiable wait into an error instead of a hang; CROSS_ATTN on random inputs (also against its
+float64 reference) and the NH-TTS decoder step (self- and cross-attention, all-channel head) for rows at
+different positions and text lengths. Needs a GPU and libtilevox_kernels.so."""
 
 from __future__ import annotations
 
@@ -12,14 +14,24 @@ import time
 import pytest
 import torch
 
+from tests.trt_plugins.megakernel.cross_attn_case import (
+    cross_attn_inputs,
+    cross_attn_program,
+    cross_attn_reference,
+)
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
 from tilevox.engine_builder.regions.bindings import (
     code_predictor_inputs,
     llama_decode_inputs,
+    nh_decoder_inputs,
     sampling_inputs,
 )
+from tilevox.engine_builder.regions.spec import region_spec
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import o1_random_llama
+from tilevox.models.nh_tts.loader import network_config
+from tilevox.models.nh_tts.weights import random_network
+from tilevox.models.region_backends import NH_DECODER_STEP
 from tilevox.models.sampling import SamplingParams
 from tilevox.trt_plugins.megakernel import BufferKind, Wait, run_program
 from tilevox.trt_plugins.megakernel.instructions import (
@@ -321,3 +333,55 @@ def test_code_predictor_loop_matches_vm(rt, batch, same_width):
     }
     vm_out, gpu_out = _run_both(rt, region.program, bound)
     _assert_outputs_close(region.program, vm_out, gpu_out, torch.float32)
+
+
+@pytest.mark.parametrize("rows_per_tile", [1, 2, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cross_attention_matches_vm(rt, dtype, rows_per_tile):
+    """CROSS_ATTN alone on random inputs (tests/trt_plugins/megakernel/cross_attn_case.py: GQA, scattered
+    slots, text lengths 1 to the full cache, a head_dim other than the region constants')."""
+    program = cross_attn_program(dtype, rows_per_tile=rows_per_tile)
+    bound = cross_attn_inputs(dtype, seed=rows_per_tile)
+    vm_out, gpu_out = _run_both(rt, program, bound)
+    _assert_outputs_close(program, vm_out, gpu_out, dtype)
+    torch.testing.assert_close(gpu_out["attn_out"].cpu().double(), cross_attn_reference(bound), **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_nh_decoder_step_matches_vm(rt, dtype):
+    """The compiled nh_decoder_step of random:nh-tts-tiny, three rows at positions 0 / 5 / 21 with text
+    lengths 1 / 24 / 9, four teacher-forced steps: logits and the appended self keys/values equal the VM's."""
+    network = random_network(network_config("nh-tts-tiny"), seed=2, device="cpu", dtype=dtype)
+    config = network.config
+    rows, positions, texts = [6, 1, 3], [0, 5, 21], [1, 24, 9]
+    gen = torch.Generator().manual_seed(7)
+    cache = network.new_cache(max_rows=8, max_seq_len=CACHE_LEN, max_text_len=24)
+    cache.claim(rows)
+    encoded = torch.randn(3, 24, config.encoder.hidden_size, generator=gen).to(dtype)
+    network.decoder.write_cross(cache, rows, encoded, torch.arange(24)[None, :] < torch.tensor(texts)[:, None])
+    for row, n in zip(rows, positions):
+        if n:
+            codes = torch.randint(0, config.decoder.vocab_size, (1, n, config.decoder.num_channels), generator=gen)
+            network.step(cache, [row], codes)
+    region = compile_region(
+        network,
+        region_spec(NH_DECODER_STEP),
+        batch_size=3,
+        max_context=CACHE_LEN,
+        num_cache_slots=8,
+        cache_len=CACHE_LEN,
+        cross_cache_len=24,
+        tiling=dataclasses.replace(TILING, cross_attn_rows=2),
+        num_sms=6,
+    )
+    for _ in range(4):
+        codes = torch.randint(0, config.decoder.vocab_size, (3, 1, config.decoder.num_channels), generator=gen)
+        with torch.no_grad():
+            x_in = network.decoder.embeddings(codes)[:, 0]
+        bound = nh_decoder_inputs(region, cache, rows, x_in)
+        vm_out, gpu_out = _run_both(rt, region.program, bound)
+        _assert_outputs_close(region.program, vm_out, gpu_out, dtype)
+        cache.self_k.copy_(vm_out["k_cache"])  # the VM ran on clones: advance the cache as it did
+        cache.self_v.copy_(vm_out["v_cache"])
+        for row in rows:
+            cache.lengths[row] += 1

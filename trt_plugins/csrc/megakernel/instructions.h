@@ -167,6 +167,20 @@
 #define TILEVOX_MK_SAMPLE_EMBED_IN_TABLE 6
 #define TILEVOX_MK_SAMPLE_EMBED_OUT_TOKENS_OUT 0
 #define TILEVOX_MK_SAMPLE_EMBED_OUT_X_NEXT 1
+/* CROSS_ATTN: cross-attention of kv group `group` over per-row encoder keys/values computed before the launch: for the group's query heads h, attn_out[b, h] = softmax(q[b, h] . k_cache[layer, slots[b], group, :text_lengths[b]] * attn_scale) @ v_cache[layer, slots[b], group, :text_lengths[b]] (fp32 softmax); head count and head_dim from the buffers: caches (layers, slots, kv heads, text, D), q and attn_out (B, heads * D)
+ *   tile: batch rows
+ *   args: [0] group
+ *   inputs: [0] q, [1] k_cache, [2] v_cache, [3] text_lengths, [4] slots
+ *   outputs: [0] attn_out
+ */
+#define TILEVOX_MK_OP_CROSS_ATTN 11
+#define TILEVOX_MK_CROSS_ATTN_ARG_GROUP 0
+#define TILEVOX_MK_CROSS_ATTN_IN_Q 0
+#define TILEVOX_MK_CROSS_ATTN_IN_K_CACHE 1
+#define TILEVOX_MK_CROSS_ATTN_IN_V_CACHE 2
+#define TILEVOX_MK_CROSS_ATTN_IN_TEXT_LENGTHS 3
+#define TILEVOX_MK_CROSS_ATTN_IN_SLOTS 4
+#define TILEVOX_MK_CROSS_ATTN_OUT_ATTN_OUT 0
 
 /* Buffer kinds and element types of the buffer table. */
 #define TILEVOX_MK_BUFFER_WEIGHT 0

@@ -48,6 +48,7 @@ namespace {
 #include "ops/rmsnorm_qkv_rope_append.cuh"
 #include "ops/attn_partial.cuh"
 #include "ops/attn_reduce.cuh"
+#include "ops/cross_attn.cuh"
 #include "ops/proj_residual.cuh"
 #include "ops/rmsnorm_gateup_swiglu.cuh"
 #include "ops/rmsnorm_lmhead.cuh"
@@ -123,6 +124,9 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(tilevox_megakernel_par
         break;
       case TILEVOX_MK_OP_ATTN_REDUCE:
         ok = op_attn_reduce(c, inst, extra);
+        break;
+      case TILEVOX_MK_OP_CROSS_ATTN:
+        ok = op_cross_attn(c, inst, extra);
         break;
       case TILEVOX_MK_OP_OPROJ_RESIDUAL:
       case TILEVOX_MK_OP_DOWN_RESIDUAL:
