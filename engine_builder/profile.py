@@ -26,6 +26,7 @@ from collections import defaultdict
 import torch
 
 from tilevox.engine_builder.plan import Provenance
+from tilevox.models.errors import RequestError
 from tilevox.models.streaming import SynthesisRequest
 
 __all__ = [
@@ -39,7 +40,7 @@ __all__ = [
 ]
 
 # Modules whose phases are labelled with record_function (each imports the name, so each is patched).
-LABELLED_MODULES = ("tilevox.models.qwen3_tts.model", "tilevox.models.llasa.model")
+LABELLED_MODULES = ("tilevox.models.qwen3_tts.model", "tilevox.models.llasa.model", "tilevox.models.nh_tts.model")
 PROFILE_TEXT = (
     "Streaming speech synthesis on a Hopper GPU, one frame at a time, for as long as the profile needs "
     "it to go on, with many streams sharing every step of the model. "
@@ -82,11 +83,25 @@ def phases_timed(timer: PhaseTimer):
             module.record_function = original
 
 
+def profile_text(model, repeats: int = 8) -> str:
+    """PROFILE_TEXT repeated `repeats` times, or as often as the model's text limit allows (NH-TTS's encoder
+    holds 1,024 bytes): the longest the model validates."""
+    for count in range(repeats, 0, -1):
+        text = PROFILE_TEXT * count
+        try:
+            model.validate(SynthesisRequest(text=text))
+        except RequestError:
+            continue
+        return text
+    raise RequestError(f"{model.model_id} refuses even one profile sentence ({len(PROFILE_TEXT)} characters)")
+
+
 class SteadyStreams:
     """B open streams of a long text; a finished one is replaced before the next step."""
 
-    def __init__(self, model, batch: int, max_duration_s: float, *, text: str = PROFILE_TEXT * 8):
-        self.model, self.max_duration_s, self.text, self.opened = model, max_duration_s, text, 0
+    def __init__(self, model, batch: int, max_duration_s: float, *, text: str | None = None):
+        self.model, self.max_duration_s, self.opened = model, max_duration_s, 0
+        self.text = profile_text(model) if text is None else text
         self.ids: list[int] = self.open(batch)
         self.finished: set[int] = set()
 

@@ -5,6 +5,7 @@
 #                          (e.g. on,compiled), with kernel tables of the steps and a cProfile of one batched prefill
 #   synth MODEL ARGS... -- `tilevox synth --device cuda` (4 s, after warm-up) with the extra synth ARGS
 #   tests EXPR             the GPU tests matching pytest -k EXPR ("": all)
+#   pytest EXPR PATH... -- the GPU tests of these repository paths matching -k EXPR
 #   bench NAME MODEL LEVELS MODE SECONDS SERVE_ARGS... --  `tilevox bench` (4 s requests) against a started
 #                          server, cut after SECONDS; open loop at 8 requests/s for 20 s
 #   build MODEL BATCHES    `tilevox build` (graph vs megakernel per region and bucket) with the kernel library
@@ -46,6 +47,12 @@ while [ $# -gt 0 ]; do
         -k "$expr" "$repo/tests/executor" "$repo/tests/models/test_capacity.py" "$repo/tests/models/test_slot_attention.py" \
         > "$OUT/gpu_tests.log" 2>&1
       tail -4 "$OUT/gpu_tests.log" ;;
+    pytest)  # pytest EXPR PATH... -- : the GPU tests of these paths matching -k EXPR (megakernel ones need
+      # TILEVOX_KERNELS_LIB, e.g. the carried .kernels/libtilevox_kernels.so)
+      expr=$1; shift; paths=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do paths+=("$repo/$1"); shift; done; shift || true
+      timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" --rootdir "$repo" \
+        -k "$expr" "${paths[@]}" > "$OUT/gpu_pytest.log" 2>&1
+      tail -15 "$OUT/gpu_pytest.log" ;;
     bench)
       name=$1 model=$2 levels=$3 mode=$4 seconds=$5; shift 5
       serve=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do serve+=("--serve-arg=$1"); shift; done; shift || true

@@ -131,3 +131,20 @@ def test_plan_commit_names_the_source(monkeypatch):
         ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=REPO
     )
     assert _commit() == head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def test_build_of_an_nh_tts_model_profiles_with_a_text_its_encoder_holds(tmp_path):
+    """NH-TTS's encoder holds 1,024 bytes: the profile text is the longest repetition the model validates,
+    and `tilevox build` plans its decoder step (graph vs megakernel through the VM)."""
+    from tilevox.engine_builder.profile import PROFILE_TEXT, profile_text
+    from tilevox.models.registry import load_model
+
+    model = load_model("random:nh-tts-tiny")
+    text = profile_text(model)
+    assert text == PROFILE_TEXT * (len(text) // len(PROFILE_TEXT)) and 512 < len(text.encode()) <= 1024
+    assert profile_text(load_model("random:llama-tiny")) == PROFILE_TEXT * 8
+    out = tmp_path / "build"
+    argv = ["build", "--model", "random:nh-tts-tiny", "--device", "cpu", "--batches", "1"]
+    assert main([*argv, "--megakernel-executor", "vm", "--warmup", "1", "--steps", "1", "--out", str(out)]) == 0
+    plan = load_plan(out / "plan.json", here=provenance_here(torch.device("cpu")))
+    assert [b.batch for b in plan.buckets] == [1]
