@@ -727,6 +727,12 @@ def _add_build(subparsers) -> None:
         default=512,
         help="keys per stream assumed by the simulated SM-queue timelines of the chosen megakernel pieces",
     )
+    p.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also write <out>/onnx/<region>_b<batch>.onnx per bucket: megakernel regions as MegakernelRegion "
+        "plugin nodes, conventional ones as ONNX ops with swiglu_mlp plugin nodes (Llasa decoder_step only)",
+    )
     p.add_argument("--out", required=True, type=Path, help="directory for plan.json and build_report.json")
     p.set_defaults(handler=_run_build)
 
@@ -811,6 +817,15 @@ def _run_build(args: argparse.Namespace) -> int:
     for what, why in result.unavailable.items():
         print(f"not profiled: {what}: {why}")
     print(f"wrote {args.out / 'plan.json'} and {args.out / 'build_report.json'}")
+    if args.onnx:
+        from tilevox.engine_builder.onnx_lowering import OnnxLoweringError, export_plan
+
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device == "cuda" else 132
+        try:
+            for path in export_plan(model, result.plan, args.out / "onnx", num_sms=num_sms):
+                print(f"wrote {path}")
+        except OnnxLoweringError as exc:
+            raise CommandError(f"--onnx: {exc}") from None
     return 0
 
 

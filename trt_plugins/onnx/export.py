@@ -12,6 +12,13 @@ from __future__ import annotations
 import onnx
 import torch
 
+from tilevox.trt_plugins.onnx.megakernel_region import (
+    MEGAKERNEL_REGION,
+    MEGAKERNEL_REGION_VERSION,
+    MegakernelRegionError,
+    node_io_buffers,
+    program_from_attributes,
+)
 from tilevox.trt_plugins.onnx.schemas import register_schemas
 from tilevox.trt_plugins.onnx.translations import custom_translation_table
 from tilevox.trt_plugins.registry import PLUGIN_NAMESPACE, PLUGINS, PluginSpec
@@ -35,8 +42,12 @@ def _attrs(node: onnx.NodeProto) -> dict:
 
 
 def check_plugin_nodes(model: onnx.ModelProto) -> None:
-    """Raise PluginExportError unless every tilevox-domain node names a registered plugin with all its attributes."""
+    """Raise PluginExportError unless every tilevox-domain node names a registered plugin with all its attributes
+    (a MegakernelRegion node: its version, namespace, and attributes that decode to a program)."""
     for node in plugin_nodes(model):
+        if node.op_type == MEGAKERNEL_REGION:
+            _check_megakernel_region(node)
+            continue
         spec = _BY_NAME.get(node.op_type)
         if spec is None:
             raise PluginExportError(f"node {node.name!r}: {node.domain}::{node.op_type} is not a registered plugin")
@@ -53,6 +64,24 @@ def check_plugin_nodes(model: onnx.ModelProto) -> None:
                 f"node {node.name!r}: expected inputs {spec.inputs} and one output, got {list(node.input)} -> "
                 f"{list(node.output)}"
             )
+
+
+def _check_megakernel_region(node: onnx.NodeProto) -> None:
+    attrs = _attrs(node)
+    expected = {"plugin_version": MEGAKERNEL_REGION_VERSION.encode(), "plugin_namespace": PLUGIN_NAMESPACE.encode()}
+    for name, value in expected.items():
+        if attrs.get(name) != value:
+            raise PluginExportError(f"node {node.name!r}: {name} is {attrs.get(name)!r}, expected {value!r}")
+    try:
+        program = program_from_attributes(attrs)
+    except (MegakernelRegionError, ValueError, KeyError) as exc:
+        raise PluginExportError(f"node {node.name!r}: attributes do not describe a program: {exc}") from exc
+    inputs, outputs = node_io_buffers(program)
+    if len(node.input) != len(inputs) or len(node.output) != len(outputs) + 1:
+        raise PluginExportError(
+            f"node {node.name!r}: the program takes {len(inputs)} inputs and returns {len(outputs)} outputs + error, "
+            f"the node has {len(node.input)} and {len(node.output)}"
+        )
 
 
 def parser_fields(node: onnx.NodeProto, spec: PluginSpec) -> dict[str, tuple[str, int]]:

@@ -2,7 +2,8 @@
 
 Written independently of the torch references (numpy fp32 GEMMs, fp32 activation, one rounding to the input
 dtype per GEMM stage, as the kernels do), so that evaluating an exported graph checks the export end to end.
-Pass `REFERENCE_OPS` as `new_ops=` to the evaluator. Imports: numpy, onnx, trt_plugins.registry.
+Pass `REFERENCE_OPS` as `new_ops=` to the evaluator (it also holds `MegakernelRegion`, which runs a compiled
+megakernel program on the PyTorch VM). Imports: numpy, onnx, trt_plugins.registry, trt_plugins.onnx.megakernel_region.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference.op_run import OpRun
 
+from tilevox.trt_plugins.onnx.megakernel_region import MegakernelRegion
 from tilevox.trt_plugins.registry import PLUGIN_NAMESPACE
 
 __all__ = ["REFERENCE_OPS", "swiglu_gateup_np", "swiglu_mlp_np"]
@@ -65,4 +67,4 @@ class swiglu_mlp(OpRun):  # noqa: N801
         return (swiglu_mlp_np(x, w_packed, w_down, kernel, block),)
 
 
-REFERENCE_OPS = [swiglu_gateup, swiglu_mlp]
+REFERENCE_OPS = [swiglu_gateup, swiglu_mlp, MegakernelRegion]

@@ -48,7 +48,11 @@ def schema_for(spec: PluginSpec) -> OpSchema:
 
 
 def register_schemas() -> None:
-    """Register every plugin schema with onnx once (idempotent; onnx rejects a second registration)."""
+    """Register every plugin schema with onnx once (idempotent; onnx rejects a second registration), and the
+    MegakernelRegion node's (trt_plugins.onnx.megakernel_region)."""
+    from tilevox.trt_plugins.onnx.megakernel_region import register_megakernel_region_schema
+
+    register_megakernel_region_schema()
     for spec in PLUGINS.values():
         if not onnx.defs.has(spec.name, 1, spec.namespace):
             onnx.defs.register_schema(schema_for(spec))

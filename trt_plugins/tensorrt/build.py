@@ -4,6 +4,9 @@ Compiles the IPluginV3 shims against the TensorRT headers in $TENSORRT_INCLUDE_D
 tilevox: use your TensorRT install, container or a checkout of the TensorRT OSS `include/`), links them to
 libtilevox_kernels.so (build that first: `python -m tilevox.trt_plugins.build`), and exports only getCreators and
 setLoggerFinder. No TensorRT or CUDA library is linked; the CUDA headers are needed for cudaStream_t.
+`--megakernel-region` (PluginBuildConfig(megakernel_region=True)) also compiles the MegakernelRegion plugin
+(megakernel_region_plugin.cpp; not yet run on a GPU, so not in the default build): it uploads its program and
+copies state, so it links the static CUDA runtime ($CUDA_HOME/lib64/libcudart_static.a).
 The plugin library goes next to the kernel library (rpath $ORIGIN). Imports: standard library, trt_plugins.library.
 """
 
@@ -36,6 +39,7 @@ HARNESS_LIBRARY_NAME = "libtilevox_lean_harness.so"
 _HERE = Path(__file__).resolve().parent
 _CSRC = _HERE.parent / "csrc"
 PLUGIN_SOURCES = ("swiglu_plugin_common.cpp", "swiglu_gateup_plugin.cpp", "swiglu_mlp_plugin.cpp")
+MEGAKERNEL_REGION_SOURCE = "megakernel_region_plugin.cpp"  # opt-in: written, syntax-checked, not yet run on a GPU
 _CXXFLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wno-deprecated-declarations")
 
 
@@ -52,6 +56,7 @@ class PluginBuildConfig:
     cuda_include_dir: Path
     out_dir: Path
     cxx: str = "g++"
+    megakernel_region: bool = False  # also the MegakernelRegion plugin (links the static CUDA runtime)
 
     def __post_init__(self) -> None:
         if not (Path(self.tensorrt_include_dir) / "NvInferRuntime.h").is_file():
@@ -92,13 +97,25 @@ def build_plugins(cfg: PluginBuildConfig) -> tuple[Path, Path]:
     includes = [f"-I{cfg.tensorrt_include_dir}", f"-I{cfg.cuda_include_dir}", f"-I{_CSRC}", f"-I{_HERE}"]
     kernels = Path(cfg.kernels_library).resolve()
     plugin = out / PLUGIN_LIBRARY_NAME
+    sources, defines, cudart = list(PLUGIN_SOURCES), [], []
+    if cfg.megakernel_region:
+        sources.append(MEGAKERNEL_REGION_SOURCE)
+        defines.append("-DTILEVOX_MEGAKERNEL_REGION")
+        cudart = [
+            f"-L{Path(cfg.cuda_include_dir).parent / 'lib64'}",
+            "-l:libcudart_static.a",
+            "-lrt",
+            "-lpthread",
+            "-ldl",
+        ]
     _run(
         [
             cfg.cxx,
             *_CXXFLAGS,
+            *defines,
             *includes,
             "-shared",
-            *(str(_HERE / s) for s in PLUGIN_SOURCES),
+            *(str(_HERE / s) for s in sources),
             "-o",
             str(plugin),
             # like NVIDIA's version-compatible plugin library: two exported symbols, nothing left unresolved
@@ -107,6 +124,7 @@ def build_plugins(cfg: PluginBuildConfig) -> tuple[Path, Path]:
             "-Wl,-Bsymbolic",
             f"-L{kernels.parent}",
             f"-l:{kernels.name}",
+            *cudart,
             "-Wl,-rpath,$ORIGIN",
         ]
     )
@@ -121,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: the kernel library's folder)")
     parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"), help="C++ compiler (default: $CXX or g++)")
+    parser.add_argument(
+        "--megakernel-region",
+        action="store_true",
+        help="also build the MegakernelRegion plugin (not yet run on a GPU; links the static CUDA runtime)",
+    )
     args = parser.parse_args(argv)
     include = os.environ.get(TENSORRT_INCLUDE_ENV_VAR)
     try:
@@ -136,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             cuda_include_dir=find_cuda_include_dir(),
             out_dir=args.out or kernels.parent,
             cxx=args.cxx,
+            megakernel_region=args.megakernel_region,
         )
         plugin, harness = build_plugins(cfg)
     except PluginBuildError as exc:

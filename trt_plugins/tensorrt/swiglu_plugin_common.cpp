@@ -226,8 +226,11 @@ extern "C" __attribute__((visibility("default"))) IPluginCreatorInterface* const
   static IPluginCreatorInterface* const creators[] = {
       tilevox_trt::swigluGateupCreator(),
       tilevox_trt::swigluMlpCreator(),
+#ifdef TILEVOX_MEGAKERNEL_REGION  // build.py --megakernel-region
+      tilevox_trt::megakernelRegionCreator(),
+#endif
   };
-  nbCreators = 2;
+  nbCreators = sizeof(creators) / sizeof(creators[0]);
   return creators;
 }
 

@@ -92,6 +92,8 @@ nvinfer1::PluginFieldCollection const* swigluFieldNames(bool hasDownField) noexc
 /* The creators (static objects defined beside each plugin), listed by getCreators(). */
 nvinfer1::IPluginCreatorV3One* swigluGateupCreator() noexcept;
 nvinfer1::IPluginCreatorV3One* swigluMlpCreator() noexcept;
+/* MegakernelRegion (megakernel_region_plugin.cpp): a compiled megakernel program as one plugin. */
+nvinfer1::IPluginCreatorV3One* megakernelRegionCreator() noexcept;
 
 }  // namespace tilevox_trt
 
