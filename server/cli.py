@@ -818,7 +818,10 @@ def _run_build(args: argparse.Namespace) -> int:
         print(f"not profiled: {what}: {why}")
     print(f"wrote {args.out / 'plan.json'} and {args.out / 'build_report.json'}")
     if args.onnx:
-        from tilevox.engine_builder.onnx_lowering import OnnxLoweringError, export_plan
+        try:
+            from tilevox.engine_builder.onnx_lowering import OnnxLoweringError, export_plan
+        except ImportError as exc:  # onnx is not a dependency of the server itself
+            raise CommandError(f"--onnx needs the onnx package (pip install onnx): {exc}") from exc
 
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device == "cuda" else 132
         try:
