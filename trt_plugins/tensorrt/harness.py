@@ -4,6 +4,9 @@
 lean runtime's plugin registry, creates the plugin from kINT32 fields (as the ONNX parser does), round-trips its
 serialized fields and calls enqueue; the caller compares the output with the torch op. Without CUDA, pass
 `use_global_registry=True` and no output: everything but enqueue still runs. `describe_plugins` lists creators.
+`run_plugin_fields` is the general form (the MegakernelRegion plugin needs it): fields of any type and length
+(`HarnessField`; `parser_fields` builds them from an ONNX node as the TensorRT ONNX parser does), several inputs
+and outputs of mixed dtypes, the workspace the plugin asks for, and several enqueues on one attached plugin.
 Imports: standard library, torch, trt_plugins.registry, trt_plugins.tensorrt.
 """
 
@@ -13,14 +16,29 @@ import ctypes
 import importlib.util
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from tilevox.trt_plugins.registry import plugin_for_op
 
-__all__ = ["LEAN_LIBRARY_ENV_VAR", "HarnessResult", "describe_plugins", "lean_library_path", "run_plugin"]
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = [
+    "LEAN_LIBRARY_ENV_VAR",
+    "TRT_DATA_TYPES",
+    "HarnessField",
+    "HarnessResult",
+    "describe_plugins",
+    "lean_library_path",
+    "parser_fields",
+    "run_plugin",
+    "run_plugin_fields",
+]
 
 LEAN_LIBRARY_ENV_VAR = "TILEVOX_TRT_LEAN_LIB"
 _MAX_DIMS = 8
@@ -53,12 +71,105 @@ class _HarnessCase(ctypes.Structure):
     ]
 
 
+class _Field(ctypes.Structure):
+    """tilevox_harness_field in lean_harness.cpp."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("type", ctypes.c_char_p),
+        ("data", ctypes.c_void_p),
+        ("length", ctypes.c_int32),
+    ]
+
+
+class _Tensor(ctypes.Structure):
+    """tilevox_harness_tensor in lean_harness.cpp."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("type", ctypes.c_char_p),
+        ("nb_dims", ctypes.c_int32),
+        ("dims", ctypes.c_int64 * _MAX_DIMS),
+    ]
+
+
+class _PluginCase(ctypes.Structure):
+    """tilevox_harness_plugin_case in lean_harness.cpp."""
+
+    _fields_ = [
+        ("lean_lib", ctypes.c_char_p),
+        ("plugin_lib", ctypes.c_char_p),
+        ("plugin_name", ctypes.c_char_p),
+        ("plugin_version", ctypes.c_char_p),
+        ("plugin_namespace", ctypes.c_char_p),
+        ("nb_fields", ctypes.c_int32),
+        ("fields", ctypes.POINTER(_Field)),
+        ("nb_inputs", ctypes.c_int32),
+        ("inputs", ctypes.POINTER(_Tensor)),
+        ("nb_outputs", ctypes.c_int32),
+        ("outputs", ctypes.POINTER(_Tensor)),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_int64),
+        ("stream", ctypes.c_void_p),
+        ("use_global_registry", ctypes.c_int32),
+        ("enqueue_count", ctypes.c_int32),
+        ("reject_position", ctypes.c_int32),
+    ]
+
+
+# TensorRT DataType enumerator names of the torch dtypes (the harness maps names to the header's values).
+TRT_DATA_TYPES: dict[torch.dtype, str] = {
+    torch.float32: "kFLOAT",
+    torch.float16: "kHALF",
+    torch.bfloat16: "kBF16",
+    torch.int8: "kINT8",
+    torch.uint8: "kUINT8",
+    torch.bool: "kBOOL",
+    torch.int32: "kINT32",
+    torch.int64: "kINT64",
+}
+# PluginFieldType enumerator names the harness copies, with the element type of their host array.
+_FIELD_CTYPES = {
+    "kINT8": ctypes.c_int8,
+    "kINT16": ctypes.c_int16,
+    "kINT32": ctypes.c_int32,
+    "kINT64": ctypes.c_int64,
+    "kFLOAT32": ctypes.c_float,
+    "kFLOAT64": ctypes.c_double,
+}
+_INT_RANGES = {"kINT8": 8, "kINT16": 16, "kINT32": 32, "kINT64": 64}
+
+
+@dataclass(frozen=True, slots=True)
+class HarnessField:
+    """One plugin field as a PluginField: `type` names a PluginFieldType (kINT32, kINT64, kFLOAT32, ...)."""
+
+    name: str
+    type: str
+    values: tuple[int | float, ...]
+
+    def __post_init__(self) -> None:
+        if self.type not in _FIELD_CTYPES:
+            raise ValueError(f"field {self.name!r}: type {self.type!r} is not one of {sorted(_FIELD_CTYPES)}")
+        bits = _INT_RANGES.get(self.type)
+        if bits is not None:
+            if any(not isinstance(v, int) or isinstance(v, bool) for v in self.values):
+                raise ValueError(f"field {self.name!r} ({self.type}) holds non-integers")
+            if any(not -(2 ** (bits - 1)) <= v < 2 ** (bits - 1) for v in self.values):
+                raise ValueError(f"field {self.name!r} holds values outside {self.type}")
+
+    def as_array(self) -> ctypes.Array:
+        ctype = _FIELD_CTYPES[self.type]
+        return (ctype * max(1, len(self.values)))(*self.values)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HarnessResult:
     """status 0 = every check passed; report = one PASS/FAIL/INFO/SKIP line per step plus TensorRT's log."""
 
     status: int
     report: str
+    workspace_bytes: int = -1  # run_plugin_fields: the plugin's getWorkspaceSize (-1: not reached)
 
     @property
     def ok(self) -> bool:
@@ -83,6 +194,13 @@ def _load(harness_lib: Path) -> ctypes.CDLL:
     lib.tilevox_harness_describe.restype = ctypes.c_int32
     lib.tilevox_harness_run.argtypes = [ctypes.POINTER(_HarnessCase), ctypes.c_char_p, ctypes.c_int32]
     lib.tilevox_harness_run.restype = ctypes.c_int32
+    lib.tilevox_harness_run_plugin.argtypes = [
+        ctypes.POINTER(_PluginCase),
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_char_p,
+        ctypes.c_int32,
+    ]
+    lib.tilevox_harness_run_plugin.restype = ctypes.c_int32
     return lib
 
 
@@ -157,3 +275,145 @@ def run_plugin(
     buf = ctypes.create_string_buffer(_REPORT_BYTES)
     status = _load(harness_lib).tilevox_harness_run(ctypes.byref(case), buf, _REPORT_BYTES)
     return HarnessResult(status=status, report=buf.value.decode(errors="replace"))
+
+
+# ONNX AttributeProto.AttributeType values (onnx.proto; fixed by the format, so no onnx import is needed)
+_ONNX_FLOAT, _ONNX_INT, _ONNX_FLOATS, _ONNX_INTS = 1, 2, 6, 7
+
+
+def parser_fields(
+    node: onnx.NodeProto, declared: Mapping[str, str], *, int_type: str | None = None
+) -> list[HarnessField]:
+    """The PluginFields the TensorRT ONNX parser hands the creator for `node`: one per attribute the creator
+    declares (`declared`: name -> PluginFieldType name, as `describe_plugins` reports getFieldNames), in the
+    node's attribute order; INT / INTS become integer fields and FLOAT / FLOATS kFLOAT32 fields of the declared
+    type. Attributes the creator does not declare (plugin_version, plugin_namespace, ...) are not passed.
+    int_type: pass integer fields as this type instead (e.g. "kINT64", as an API caller may)."""
+    fields = []
+    for attr in node.attribute:
+        if attr.name not in declared:
+            continue
+        kind = declared[attr.name]
+        if attr.type in (_ONNX_INT, _ONNX_INTS):
+            values = (attr.i,) if attr.type == _ONNX_INT else tuple(attr.ints)
+            if kind not in _INT_RANGES:
+                raise ValueError(f"{node.name}: attribute {attr.name!r} is an integer, the creator declares {kind}")
+            fields.append(HarnessField(attr.name, int_type or kind, values))
+        elif attr.type in (_ONNX_FLOAT, _ONNX_FLOATS):
+            values = (attr.f,) if attr.type == _ONNX_FLOAT else tuple(attr.floats)
+            if kind not in ("kFLOAT32", "kFLOAT64"):
+                raise ValueError(f"{node.name}: attribute {attr.name!r} is a float, the creator declares {kind}")
+            fields.append(HarnessField(attr.name, kind, values))
+        else:
+            raise ValueError(
+                f"{node.name}: attribute {attr.name!r} (ONNX type {attr.type}) has no field conversion here"
+            )
+    return fields
+
+
+def _tensor(t: torch.Tensor, *, bind: bool) -> _Tensor:
+    if t.dtype not in TRT_DATA_TYPES:
+        raise ValueError(f"dtype {t.dtype} has no TensorRT DataType here ({sorted(map(str, TRT_DATA_TYPES))})")
+    if bind and (t.device.type != "cuda" or not t.is_contiguous()):
+        raise ValueError(
+            f"an enqueued tensor must be contiguous on CUDA, got {t.device} contiguous={t.is_contiguous()}"
+        )
+    return _Tensor(
+        data=t.data_ptr() if bind else None,
+        type=TRT_DATA_TYPES[t.dtype].encode(),
+        nb_dims=t.dim(),
+        dims=(ctypes.c_int64 * _MAX_DIMS)(*_dims(tuple(t.shape))),
+    )
+
+
+def _run_fields_once(
+    lib: ctypes.CDLL,
+    plugin: tuple[str, str, str],
+    fields: Sequence[HarnessField],
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    *,
+    lean_lib: Path,
+    plugin_lib: Path,
+    workspace: torch.Tensor | None,
+    enqueue_count: int,
+    use_global_registry: bool,
+    reject_position: int,
+) -> HarnessResult:
+    bind = enqueue_count > 0
+    arrays = [f.as_array() for f in fields]  # ctypes arrays must outlive the call
+    keep = {
+        "fields": (_Field * max(1, len(fields)))(
+            *(
+                _Field(name=f.name.encode(), type=f.type.encode(), data=ctypes.addressof(a), length=len(f.values))
+                for f, a in zip(fields, arrays)
+            )
+        ),
+        "inputs": (_Tensor * max(1, len(inputs)))(*(_tensor(t, bind=bind) for t in inputs)),
+        "outputs": (_Tensor * max(1, len(outputs)))(*(_tensor(t, bind=bind) for t in outputs)),
+    }
+    name, version, namespace = plugin
+    case = _PluginCase(
+        lean_lib=str(lean_lib).encode(),
+        plugin_lib=str(plugin_lib).encode(),
+        plugin_name=name.encode(),
+        plugin_version=version.encode(),
+        plugin_namespace=namespace.encode(),
+        nb_fields=len(fields),
+        fields=keep["fields"],
+        nb_inputs=len(inputs),
+        inputs=keep["inputs"],
+        nb_outputs=len(outputs),
+        outputs=keep["outputs"],
+        workspace=workspace.data_ptr() if workspace is not None and bind else None,
+        workspace_bytes=workspace.numel() * workspace.element_size() if workspace is not None else 0,
+        stream=torch.cuda.current_stream().cuda_stream if bind else None,
+        use_global_registry=int(use_global_registry),
+        enqueue_count=enqueue_count,
+        reject_position=reject_position,
+    )
+    needed = ctypes.c_int64(-1)
+    buf = ctypes.create_string_buffer(_REPORT_BYTES)
+    status = lib.tilevox_harness_run_plugin(ctypes.byref(case), ctypes.byref(needed), buf, _REPORT_BYTES)
+    return HarnessResult(status=status, report=buf.value.decode(errors="replace"), workspace_bytes=needed.value)
+
+
+def run_plugin_fields(
+    plugin: tuple[str, str, str],
+    fields: Sequence[HarnessField],
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    *,
+    lean_lib: Path,
+    plugin_lib: Path,
+    harness_lib: Path,
+    enqueue_count: int = 1,
+    use_global_registry: bool = False,
+    reject_position: int = -1,
+) -> HarnessResult:
+    """Create `plugin` (name, version, namespace) from `fields` through the lean runtime's registry and run it.
+
+    inputs / outputs give the tensors' dtypes and shapes (the plugin's I/O in order); with enqueue_count > 0
+    they are CUDA tensors the plugin reads and writes, `enqueue_count` enqueues on the current stream of one
+    attached runtime plugin, synchronized before the harness returns. The workspace is what the plugin's
+    getWorkspaceSize asks for: a first run without enqueue reads it, then a CUDA buffer of that size is
+    passed. enqueue_count 0: every step but enqueue (no CUDA with use_global_registry=True).
+    reject_position >= 0: supportsFormatCombination must refuse that position with its type changed."""
+    if enqueue_count < 0:
+        raise ValueError(f"enqueue_count must be >= 0, got {enqueue_count}")
+    lib = _load(harness_lib)
+    common = dict(
+        lean_lib=lean_lib,
+        plugin_lib=plugin_lib,
+        use_global_registry=use_global_registry,
+        reject_position=reject_position,
+    )
+    dry = _run_fields_once(lib, plugin, fields, inputs, outputs, workspace=None, enqueue_count=0, **common)
+    if enqueue_count == 0 or not dry.ok:
+        return dry
+    if dry.workspace_bytes < 0:
+        raise RuntimeError(f"the harness did not report the workspace size:\n{dry.report}")
+    workspace = torch.empty(max(1, dry.workspace_bytes), dtype=torch.uint8, device="cuda")
+    return _run_fields_once(
+        lib, plugin, fields, inputs, outputs, workspace=workspace, enqueue_count=enqueue_count, **common
+    )
