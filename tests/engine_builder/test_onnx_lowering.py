@@ -1,6 +1,8 @@
-"""TensorRT lowering of a plan (engine_builder.onnx_lowering) on CPU: the exported Llama decoder step passes the
-ONNX checker, and onnx's reference evaluator (the plugin ops' reference implementations: swiglu_mlp in numpy,
-MegakernelRegion on the PyTorch VM) reproduces the conventional PyTorch step, logits and KV cache, in fp32; the
+"""TensorRT lowering of a plan (engine_builder.onnx_lowering) on CPU: the exported Llama decoder step, Qwen3-TTS
+talker step and code-predictor loop pass the ONNX checker, and onnx's reference evaluator (the plugin ops'
+reference implementations: swiglu_mlp in numpy, MegakernelRegion on the PyTorch VM) reproduces the PyTorch
+step in fp32 (logits, hidden, KV caches; the predictor's codes and per-head logits), in both forms, and so for
+the NH-TTS decoder step (random:nh-tts-tiny, with cross-attention); the
 MegakernelRegion node's attributes decode to the compiled program, packed words equal."""
 
 from __future__ import annotations
@@ -22,12 +24,22 @@ from tilevox.engine_builder.composition import Backend, Piece  # noqa: E402
 from tilevox.engine_builder.onnx_lowering import (  # noqa: E402
     CacheLayout,
     OnnxLoweringError,
+    export_code_predictor_loop,
     export_decoder_step,
+    export_nh_decoder_step,
     export_plan,
+    export_talker_step,
 )
 from tilevox.engine_builder.regions import compile_region  # noqa: E402
+from tilevox.engine_builder.regions.bindings import code_predictor_inputs, sampling_inputs  # noqa: E402
 from tilevox.engine_builder.regions.spec import region_spec  # noqa: E402
+from tilevox.models.nh_tts.loader import load_preset as load_nh_tts  # noqa: E402
+from tilevox.models.qwen3_tts.layers import CacheView  # noqa: E402
+from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3  # noqa: E402
+from tilevox.models.qwen3_tts.model import ModelOptions  # noqa: E402
+from tilevox.models.sampling import SamplingParams  # noqa: E402
 from tilevox.server.cli import main  # noqa: E402
+from tilevox.trt_plugins.megakernel import run_program  # noqa: E402
 from tilevox.trt_plugins.megakernel.packing import pack_program  # noqa: E402
 from tilevox.trt_plugins.onnx import MEGAKERNEL_REGION, REFERENCE_OPS, program_from_attributes  # noqa: E402
 
@@ -36,6 +48,21 @@ CACHE = CacheLayout(num_slots=4, cache_len=16)
 
 def _attrs(node):
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _evaluate(model, feeds) -> dict:
+    onnx.checker.check_model(model, full_check=True)
+    runs = ReferenceEvaluator(model, new_ops=REFERENCE_OPS).run(None, feeds)
+    return {o.name: torch.from_numpy(np.asarray(v)) for o, v in zip(model.graph.output, runs)}
+
+
+def _node_kinds(model, megakernel: bool, num_layers: int) -> None:
+    kinds = [(n.domain, n.op_type) for n in model.graph.node]
+    if megakernel:
+        assert [k for k in kinds if k[0] == "tilevox"] == [("tilevox", MEGAKERNEL_REGION)]
+    else:
+        assert kinds.count(("tilevox", "swiglu_mlp")) >= num_layers
+        assert ("tilevox", MEGAKERNEL_REGION) not in kinds
 
 
 @pytest.fixture()
@@ -106,14 +133,16 @@ def test_unsupported_regions_and_cuts_are_refused(tiny_llama):
         return SimpleNamespace(buckets=[SimpleNamespace(batch=1, composition=SimpleNamespace(pieces=[piece]))])
 
     model = SimpleNamespace(max_streams=2, max_seq_len=8)
-    talker = Piece(region="talker_step", first_layer=0, stop_layer=2, head=True, backend=Backend.GRAPH)
-    with pytest.raises(OnnxLoweringError, match="talker_step has no ONNX lowering yet"):
-        export_plan(model, plan(talker), "unused")
+    codec = Piece(region="codec_decode", first_layer=0, stop_layer=1, head=True, backend=Backend.GRAPH)
+    with pytest.raises(OnnxLoweringError, match="codec_decode has no ONNX lowering yet"):
+        export_plan(model, plan(codec), "unused")
     cut = Piece(region="decoder_step", first_layer=0, stop_layer=1, head=False, backend=Backend.MEGAKERNEL)
     with pytest.raises(OnnxLoweringError, match="cuts region decoder_step"):
         export_plan(model, plan(cut), "unused")
     with pytest.raises(OnnxLoweringError, match="batch 5"):
         export_decoder_step(tiny_llama, batch=5, cache=CACHE, megakernel=False)
+    with pytest.raises(OnnxLoweringError, match="qwen3_tts_talker networks; got a llama network"):
+        export_talker_step(tiny_llama, batch=1, cache=CACHE, megakernel=False)
 
 
 def test_build_onnx_writes_each_bucket(tmp_path, capsys):
@@ -130,3 +159,190 @@ def test_build_onnx_writes_each_bucket(tmp_path, capsys):
         backend = bucket["composition"][0]["backend"]
         assert (MEGAKERNEL_REGION in nodes) == (backend == "megakernel"), (backend, nodes)
         assert (backend == "megakernel") or "swiglu_mlp" in nodes
+
+
+# --- Qwen3-TTS ---------------------------------------------------------------------------------------------------
+TALKER_CACHE = CacheLayout(num_slots=3, cache_len=16)
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    """random:qwen3-tts-tiny in fp32 (the predictor is narrower than the talker: an input projection)."""
+    return load_qwen3("qwen3-tts-tiny", options=ModelOptions(max_streams=3, max_seq_len=16))
+
+
+@pytest.fixture()
+def talker_cache(qwen3):
+    """A talker cache whose slots 2 and 0 hold 5 and 2 prompt positions (rows at different positions)."""
+    talker = qwen3.talker
+    cache = talker.new_cache(num_slots=TALKER_CACHE.num_slots, max_len=TALKER_CACHE.cache_len)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for slot, n in ((2, 5), (0, 2)):
+            prompt = torch.randn(1, n, talker.config.transformer.hidden_size, generator=gen)
+            view = CacheView(
+                cache=cache, slots=torch.tensor([slot]), start=torch.tensor([0]), kv_len=16, write_offset=0
+            )
+            talker.forward_tokens(prompt, view)
+    return cache
+
+
+@pytest.mark.parametrize("megakernel", [False, True], ids=["conventional", "megakernel"])
+def test_exported_talker_step_reproduces_forward_tokens(qwen3, talker_cache, megakernel):
+    talker, slots, positions = qwen3.talker, [2, 0], [5, 2]
+    x = torch.randn(2, 1, talker.config.transformer.hidden_size, generator=torch.Generator().manual_seed(1))
+    model = export_talker_step(talker, batch=2, cache=TALKER_CACHE, megakernel=megakernel)
+    _node_kinds(model, megakernel, talker.config.transformer.num_layers)
+    feeds = {
+        "x_in": x[:, 0].numpy(),
+        "positions": np.array(positions),
+        "slots": np.array(slots),
+        "k_cache": talker_cache.keys.numpy().copy(),
+        "v_cache": talker_cache.values.numpy().copy(),
+    }
+    out = _evaluate(model, feeds)
+    view = CacheView(cache=talker_cache, slots=torch.tensor(slots), start=torch.tensor(positions), kv_len=16)
+    with torch.no_grad():
+        hidden, logits = talker.forward_tokens(x, view)  # writes this step's keys into talker_cache
+    close = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["hidden"], hidden, **close)
+    torch.testing.assert_close(out["logits"], logits, **close)
+    torch.testing.assert_close(out["k_cache_out"], talker_cache.keys, **close)
+    torch.testing.assert_close(out["v_cache_out"], talker_cache.values, **close)
+    if megakernel:
+        assert not out["talker_step.error"].any()
+
+
+def _frame(qwen3, batch: int):
+    talker = qwen3.talker
+    gen = torch.Generator().manual_seed(batch)
+    hidden = torch.randn(batch, talker.config.transformer.hidden_size, generator=gen)
+    with torch.no_grad():
+        return hidden, talker.embed_codec(torch.randint(0, talker.config.num_audio_codes, (batch,), generator=gen))
+
+
+@pytest.mark.parametrize("megakernel", [False, True], ids=["conventional", "megakernel"])
+def test_exported_code_predictor_loop_reproduces_predict(qwen3, megakernel):
+    """Greedy rows' codes and per-head logits equal CodePredictor.predict with argmax, and the frame cache equals
+    its cache; the megakernel form takes the on-device sampling inputs (row 1 samples: its codes equal the
+    compiled region's own run on the VM with the same inputs)."""
+    predictor, batch = qwen3.talker.code_predictor, 3
+    hidden, code0 = _frame(qwen3, batch)
+    ref_logits = []
+
+    def argmax(head: int, logits: torch.Tensor) -> torch.Tensor:
+        ref_logits.append(logits)
+        return logits.argmax(-1)
+
+    cache = predictor.new_cache(batch)
+    with torch.no_grad():
+        codes = predictor.predict(hidden, code0, argmax, cache=cache)
+    model = export_code_predictor_loop(predictor, batch=batch, megakernel=megakernel)
+    _node_kinds(model, megakernel, predictor.config.code_predictor.transformer.num_layers)
+    stale = torch.randn(cache.keys.shape, generator=torch.Generator().manual_seed(9))  # every position is written
+    feeds = {
+        "hidden": hidden.numpy(),
+        "code0_embedding": code0.numpy(),
+        "k_cache": stale.numpy(),
+        "v_cache": stale.numpy(),
+    }
+    greedy_rows = [0, 2]
+    if megakernel:
+        params = [
+            SamplingParams.greedy(),
+            SamplingParams(temperature=0.9, top_k=20, top_p=0.9),
+            SamplingParams.greedy(),
+        ]
+        sampling = sampling_inputs(params, seeds=[5, 6, 7], rng_offsets=[0, 8, 16])
+        feeds.update({n: t.numpy() for n, t in sampling.items()})
+        assert [i.name for i in model.graph.input][2:7] == list(sampling)
+    else:
+        assert not {"temperature", "seed"} & {i.name for i in model.graph.input}
+        assert {p.key: p.value for p in model.metadata_props} == {"tilevox.sampling": "greedy"}
+    out = _evaluate(model, feeds)
+    close = dict(rtol=1e-5, atol=1e-5)
+    assert out["codes"].shape == codes.shape and out["codes"].dtype == torch.int64
+    assert torch.equal(out["codes"][greedy_rows], codes[greedy_rows])
+    torch.testing.assert_close(out["logits"][greedy_rows], torch.stack(ref_logits, 1)[greedy_rows], **close)
+    if not megakernel:  # all rows greedy: the whole frame cache is predict's
+        assert torch.equal(out["codes"], codes)
+        torch.testing.assert_close(out["k_cache_out"], cache.keys, **close)
+        torch.testing.assert_close(out["v_cache_out"], cache.values, **close)
+        return
+    torch.testing.assert_close(out["k_cache_out"][:, greedy_rows], cache.keys[:, greedy_rows], **close)
+    assert not out["code_predictor_loop.error"].any()
+    region = compile_region(predictor, region_spec("code_predictor_loop"), batch_size=batch)
+    vm = run_program(
+        region.program, {**code_predictor_inputs(region, predictor.new_cache(batch), hidden, code0), **sampling}
+    )
+    assert torch.equal(out["codes"], torch.stack([vm[f"s{h + 1}.tokens"] for h in range(predictor.num_steps)], 1))
+
+
+@pytest.mark.parametrize("winner", ["graph", "megakernel"])
+def test_build_onnx_writes_qwen3_tts_regions(tmp_path, capsys, monkeypatch, winner):
+    """Stand-in region timings make `winner` the faster backend of every region, so the plan takes it."""
+    import tilevox.engine_builder.build as build
+
+    def fake_region_times(model, batch, **_):
+        on_megakernel = type(model.talker_step_backend).__name__.startswith("Megakernel")
+        fast = on_megakernel == (winner == "megakernel")
+        return {"talker_step": 1.0 if fast else 10.0, "code_predictor_loop": 1.0 if fast else 10.0}
+
+    monkeypatch.setattr(build, "region_times", fake_region_times)
+    out = tmp_path / "build"
+    argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1,2", "--onnx"]
+    argv += ["--megakernel-executor", "vm", "--warmup", "1", "--steps", "1", "--out", str(out)]
+    argv += ["--context", "64"]
+    assert main(argv) == 0
+    assert "onnx/code_predictor_loop_b2.onnx" in capsys.readouterr().out
+    plan = json.loads((out / "plan.json").read_text())
+    written, backends = set(), set()
+    for bucket in plan["buckets"]:
+        for piece in bucket["composition"]:
+            path = out / "onnx" / f"{piece['region']}_b{bucket['batch']}.onnx"
+            onnx.checker.check_model(str(path), full_check=True)
+            nodes = {n.op_type for n in onnx.load(str(path)).graph.node}
+            assert (MEGAKERNEL_REGION in nodes) == (piece["backend"] == "megakernel"), (piece, nodes)
+            written.add(path.name)
+            backends.add(piece["backend"])
+    assert backends == {winner}
+    assert written == {f"{r}_b{b}.onnx" for r in ("talker_step", "code_predictor_loop") for b in (1, 2)}
+
+
+# --- NH-TTS ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("megakernel", [False, True], ids=["conventional", "megakernel"])
+def test_exported_nh_decoder_step_reproduces_the_step(megakernel):
+    """Rows 3 and 1 at positions 4 and 0 with texts of 6 and 2 encoder positions; the other rows' cross keys
+    are large stale values (masked by slot and text length)."""
+    network = load_nh_tts("nh-tts-tiny", device="cpu", dtype=torch.float32, max_streams=2).network
+    config, layout = network.config, CacheLayout(num_slots=4, cache_len=12, text_len=10)
+    rows, positions, texts = [3, 1], [4, 0], [6, 2]
+    gen = torch.Generator().manual_seed(0)
+    cache = network.new_cache(max_rows=4, max_seq_len=12, max_text_len=10)
+    encoded = torch.randn(2, 10, config.encoder.hidden_size, generator=gen)
+    cache.claim(rows)
+    network.decoder.write_cross(cache, rows, encoded, torch.arange(10)[None] < torch.tensor(texts)[:, None])
+    cache.cross_k[:, [0, 2]] = 1e3
+    channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
+    for row, n in zip(rows, positions):
+        if n:
+            network.step(cache, [row], torch.randint(0, vocab, (1, n, channels), generator=gen))
+    codes = torch.randint(0, vocab, (2, 1, channels), generator=gen)
+    with torch.no_grad():
+        x_in = network.decoder.embeddings(codes)[:, 0]
+    model = export_nh_decoder_step(network, batch=2, cache=layout, megakernel=megakernel)
+    _node_kinds(model, megakernel, config.decoder.num_hidden_layers)
+    feeds = {"x_in": x_in.numpy(), "positions": np.array(positions), "slots": np.array(rows)}
+    feeds["text_lengths"] = np.array(texts)
+    for name, t in (("k", cache.self_k), ("v", cache.self_v), ("cross_k", cache.cross_k), ("cross_v", cache.cross_v)):
+        feeds[f"{name}_cache"] = t.numpy().copy()
+    out = _evaluate(model, feeds)
+    logits = network.step(cache, rows, codes)  # (B, C, V); appends this step's keys
+    close = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["logits"].view(2, channels, vocab), logits, **close)
+    torch.testing.assert_close(out["k_cache_out"], cache.self_k, **close)
+    torch.testing.assert_close(out["v_cache_out"], cache.self_v, **close)
+    if megakernel:
+        assert not out["nh_decoder_step.error"].any()
+    with pytest.raises(OnnxLoweringError, match="text_len"):
+        export_nh_decoder_step(network, batch=2, cache=CacheLayout(num_slots=4, cache_len=12), megakernel=False)
