@@ -514,6 +514,19 @@ def _kind(megakernel: bool) -> str:
     return "megakernel" if megakernel else "conventional"
 
 
+def _compile_cached(network, name: str, batch: int, cache: CacheLayout, **options):
+    """The region compile of `name` for a bucket over `cache` (the same arguments as its megakernel backend)."""
+    return compile_region(
+        network,
+        region_spec(name),
+        batch_size=batch,
+        max_context=cache.cache_len,
+        num_cache_slots=cache.num_slots,
+        cache_len=cache.cache_len,
+        **options,
+    )
+
+
 def export_decoder_step(
     llama: torch.nn.Module,
     *,
@@ -534,16 +547,7 @@ def export_decoder_step(
     inputs = [_value("tokens", TensorProto.INT64, [batch]), *_row_values(batch), *cache_in]
     outputs = [_value("logits", dtype, [batch, view.heads[0].shape[0]]), *cache_out]
     if megakernel:
-        region = compile_region(
-            llama,
-            region_spec(DECODER_STEP),
-            batch_size=batch,
-            max_context=cache.cache_len,
-            num_cache_slots=cache.num_slots,
-            cache_len=cache.cache_len,
-            tiling=tiling,
-            num_sms=num_sms,
-        )
+        region = _compile_cached(llama, DECODER_STEP, batch, cache, tiling=tiling, num_sms=num_sms)
         _, error = _megakernel_region(
             g,
             DECODER_STEP,
@@ -582,16 +586,7 @@ def export_talker_step(
         *cache_out,
     ]
     if megakernel:
-        region = compile_region(
-            talker,
-            region_spec(TALKER_STEP),
-            batch_size=batch,
-            max_context=cache.cache_len,
-            num_cache_slots=cache.num_slots,
-            cache_len=cache.cache_len,
-            tiling=tiling,
-            num_sms=num_sms,
-        )
+        region = _compile_cached(talker, TALKER_STEP, batch, cache, tiling=tiling, num_sms=num_sms)
         _, error = _megakernel_region(
             g,
             TALKER_STEP,
@@ -637,16 +632,8 @@ def export_nh_decoder_step(
     ]
     outputs = [_value("logits", dtype, [batch, view.heads[0].shape[0]]), *cache_out]
     if megakernel:
-        region = compile_region(
-            network,
-            region_spec(NH_DECODER_STEP),
-            batch_size=batch,
-            max_context=cache.cache_len,
-            num_cache_slots=cache.num_slots,
-            cache_len=cache.cache_len,
-            cross_cache_len=cache.text_len,
-            tiling=tiling,
-            num_sms=num_sms,
+        region = _compile_cached(
+            network, NH_DECODER_STEP, batch, cache, tiling=tiling, num_sms=num_sms, cross_cache_len=cache.text_len
         )
         _, error = _megakernel_region(
             g,

@@ -11,6 +11,7 @@ Config-field rules live in models.config_fields. Imports: torch, safetensors, mo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from safetensors import SafetensorError, safe_open
 
 from tilevox.models.errors import CheckpointError
 
-__all__ = ["SafetensorsFile", "check_tensor_dtype", "read_safetensors"]
+__all__ = ["SafetensorsFile", "check_tensor_dtype", "read_safetensors", "resolve_codec_dir"]
 
 
 class SafetensorsFile:
@@ -73,3 +74,27 @@ def check_tensor_dtype(name: str, tensor: torch.Tensor, target: torch.Tensor | t
         raise CheckpointError(f"{where}: tensor {name!r} has dtype {tensor.dtype}, expected a floating-point tensor")
     if not want.is_floating_point and tensor.dtype != want:
         raise CheckpointError(f"{where}: tensor {name!r} has dtype {tensor.dtype}, expected {want}")
+
+
+def resolve_codec_dir(
+    checkpoint_dir: Path, explicit: str | Path | None, *, subdir: str, env_var: str, codec: str, missing: str
+) -> Path:
+    """A model's separately distributed codec checkpoint: `explicit` if given, else <checkpoint>/<subdir>/,
+    else $<env_var>; CheckpointError naming the codec (`missing`: how to provide it) when none exists."""
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: {codec} checkpoint directory does not exist")
+        return path
+    inside = checkpoint_dir / subdir
+    if inside.is_dir():
+        return inside
+    from_env = os.environ.get(env_var)
+    if from_env:
+        path = Path(from_env)
+        if not path.is_dir():
+            raise CheckpointError(f"{env_var}={from_env}: no such directory for the {codec} checkpoint")
+        return path
+    raise CheckpointError(
+        f"{checkpoint_dir}: no {codec} checkpoint found. {missing}: put it in {inside}/ or set {env_var}"
+    )

@@ -16,7 +16,7 @@ the first after C + R = 18 frames (209 ms); (L + C + R) / C = 3.5 frames decoded
 
 `push_many` advances several streams and decodes all their due blocks in one batched call of
 right-padded windows (DacCodec.decode_windows masks each row to its length, so each stream gets what
-its own `push` gives, up to float rounding). Imports: torch, numpy, models.dac.
+its own `push` gives, up to float rounding). Imports: torch, numpy, models.dac, models.region_backends (the ChunkDecodeBackend protocol).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from tilevox.models.dac.model import DacCodec, decoder_reach_frames
+from tilevox.models.region_backends import ChunkDecodeBackend
 
 __all__ = ["DEFAULT_CHUNK_FRAMES", "STREAM_MAX_ABS_ERROR", "DacStreamDecoder", "push_many"]
 
@@ -148,9 +149,12 @@ def push_many(
     codes: Sequence[torch.Tensor],
     *,
     check_range: bool = True,
+    decode: ChunkDecodeBackend | None = None,
 ) -> list[np.ndarray | None]:
     """`push` codes[i] to streams[i] for every i, decoding all due blocks of the streams that share a
-    codec in one `decode_windows` call. Returns each stream's newly final float32 samples, or None."""
+    codec in one call of `decode` (default: the codec's decode_windows; e.g. a captured graph of it, as
+    models.xcodec2.streaming.start_push_many takes). Returns each stream's newly final float32 samples,
+    or None."""
     if len(streams) != len(codes):
         raise ValueError(f"{len(streams)} streams for {len(codes)} code tensors")
     if len({id(s) for s in streams}) != len(streams):
@@ -171,7 +175,7 @@ def push_many(
             padded[slot, :, : window.shape[1]] = window
         lengths = torch.tensor([w.shape[1] for w in windows], dtype=torch.long, device=codec.device)
         with torch.inference_mode():
-            decoded = codec.decode_windows(padded, lengths).float().cpu().numpy()
+            decoded = (decode or codec.decode_windows)(padded, lengths).float().cpu().numpy()
         for slot, index in enumerate(indices):
             audio[index] = decoded[slot]
     pieces: list[list[np.ndarray]] = [[] for _ in streams]

@@ -11,12 +11,12 @@ only when there is no subfolder); without either, loading raises CheckpointError
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from tilevox.models.capacity import kv_bytes_per_stream, streams_that_fit
+from tilevox.models.checkpoint_io import resolve_codec_dir
 from tilevox.models.errors import CheckpointError
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import load_llama, load_llama_config, random_llama
@@ -110,23 +110,9 @@ def load_preset(
 
 def resolve_xcodec2_dir(checkpoint_dir: Path, xcodec2_dir: str | Path | None = None) -> Path:
     """The XCodec2 checkpoint: `xcodec2_dir` if given, else <checkpoint>/xcodec2/, else $TILEVOX_XCODEC2_DIR."""
-    if xcodec2_dir is not None:
-        path = Path(xcodec2_dir)
-        if not path.exists():
-            raise CheckpointError(f"{path}: XCodec2 checkpoint directory does not exist")
-        return path
-    subdir = checkpoint_dir / XCODEC2_SUBDIR
-    if subdir.is_dir():
-        return subdir
-    from_env = os.environ.get(XCODEC2_DIR_ENV)
-    if from_env:
-        path = Path(from_env)
-        if not path.exists():
-            raise CheckpointError(f"{XCODEC2_DIR_ENV}={from_env}: no such directory for the XCodec2 checkpoint")
-        return path
-    raise CheckpointError(
-        f"{checkpoint_dir}: no XCodec2 checkpoint found. Llasa needs the separate HKUSTAudio/xcodec2 download: "
-        f"put it in {subdir}/ or set {XCODEC2_DIR_ENV} to its directory"
+    missing = "Llasa needs the separate HKUSTAudio/xcodec2 download"
+    return resolve_codec_dir(
+        checkpoint_dir, xcodec2_dir, subdir=XCODEC2_SUBDIR, env_var=XCODEC2_DIR_ENV, codec="XCodec2", missing=missing
     )
 
 

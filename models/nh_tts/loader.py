@@ -14,12 +14,12 @@ when there is no subfolder), or pass `dac_dir`; without any, loading raises Chec
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from tilevox.models.capacity import streams_that_fit
+from tilevox.models.checkpoint_io import resolve_codec_dir
 from tilevox.models.dac import DAC_PRESETS, load_dac, random_dac
 from tilevox.models.errors import CheckpointError
 from tilevox.models.nh_tts.config import (
@@ -159,23 +159,9 @@ def load_preset(
 
 def resolve_dac_dir(checkpoint_dir: Path, dac_dir: str | Path | None = None) -> Path:
     """The DAC folder: `dac_dir` if given, else <checkpoint>/dac/, else $TILEVOX_DAC_DIR."""
-    if dac_dir is not None:
-        path = Path(dac_dir)
-        if not path.is_dir():
-            raise CheckpointError(f"{path}: DAC checkpoint directory does not exist")
-        return path
-    subdir = checkpoint_dir / DAC_SUBDIR
-    if subdir.is_dir():
-        return subdir
-    from_env = os.environ.get(DAC_DIR_ENV)
-    if from_env:
-        path = Path(from_env)
-        if not path.is_dir():
-            raise CheckpointError(f"{DAC_DIR_ENV}={from_env}: no such directory for the DAC checkpoint")
-        return path
-    raise CheckpointError(
-        f"{checkpoint_dir}: no DAC checkpoint found. Dia's processor names descript/dac_44khz but the model "
-        f"repository does not contain it: put its DacModel.save_pretrained folder in {subdir}/ or set {DAC_DIR_ENV}"
+    missing = "Dia's processor names descript/dac_44khz but the model repository does not contain it (its DacModel.save_pretrained folder)"
+    return resolve_codec_dir(
+        checkpoint_dir, dac_dir, subdir=DAC_SUBDIR, env_var=DAC_DIR_ENV, codec="DAC", missing=missing
     )
 
 

@@ -72,22 +72,6 @@ def nh_region_modules(network: NhTtsNetwork) -> dict[str, torch.nn.Module]:
     return {NH_DECODER_STEP: network}
 
 
-class _RoutedCodec:
-    """The codec as DacStreamDecoder sees it, with decode_windows routed through the model's dac_chunk
-    backend when one is installed (push_many calls codec.decode_windows for every batched chunk decode)."""
-
-    def __init__(self, codec: DacCodec, model: NhTtsModel) -> None:
-        self._codec = codec
-        self._model = model
-
-    def __getattr__(self, name: str):
-        return getattr(self._codec, name)
-
-    def decode_windows(self, codes: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        backend = self._model.dac_chunk_backend
-        return (backend or self._codec.decode_windows)(codes, lengths)
-
-
 @dataclass(slots=True, kw_only=True)
 class _Stream:
     slot: int
@@ -182,7 +166,6 @@ class NhTtsModel(SpeechModel):
             )
             if v is not None
         }
-        self._routed_codec = _RoutedCodec(codec, self)
         self._cache: NhDecoderCache = network.new_cache(
             max_rows=max_streams * self.rows_per_stream, max_seq_len=max_seq_len, max_text_len=max_text_len
         )
@@ -394,7 +377,7 @@ class NhTtsModel(SpeechModel):
                     prompt_len=prompt_len,
                     position=prompt_len,
                     eos_limit=prompt_len + frames,
-                    codec=DacStreamDecoder(self._routed_codec, **self._codec_options),
+                    codec=DacStreamDecoder(self.codec, **self._codec_options),
                     frames_pushed=prompt_len,
                 )
             )
@@ -461,7 +444,12 @@ class NhTtsModel(SpeechModel):
             else:
                 going_on.append(b)
         with record_function("tilevox.dac_chunk"):
-            audio = push_many([streams[b].codec for b, _ in pushes], [c for _, c in pushes], check_range=False)
+            audio = push_many(
+                [streams[b].codec for b, _ in pushes],
+                [c for _, c in pushes],
+                check_range=False,
+                decode=self.dac_chunk_backend,
+            )
         samples: list[np.ndarray] = [np.zeros(0, dtype=np.float32) for _ in streams]
         counts = [0] * len(streams)
         for (b, _), piece in zip(pushes, audio):
