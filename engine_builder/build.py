@@ -24,6 +24,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -39,12 +40,20 @@ from tilevox.engine_builder.composition import (
 )
 from tilevox.engine_builder.plan import BucketPlan, Plan, PlanError, Provenance
 from tilevox.engine_builder.profile import region_times, step_time_ms, this_machine
+from tilevox.engine_builder.profile_cache import ProfileCache, model_signature
 from tilevox.engine_builder.regions.backends import BackendOptions, MegakernelUnavailable, make_backend
 from tilevox.executor.dispatch import BucketDispatch
 from tilevox.executor.graphs import GRAPH_BACKENDS, GraphOptions, install_graph_regions
 from tilevox.models.region_backends import call_batch, executor_region_names, region_module, set_region_backend
 
-__all__ = ["BuildResult", "apply_plan", "build_plan", "install_composition", "whole_region_compositions"]
+__all__ = [
+    "BuildResult",
+    "apply_plan",
+    "build_plan",
+    "install_composition",
+    "profile_cache_for",
+    "whole_region_compositions",
+]
 
 log = logging.getLogger("tilevox.build")
 
@@ -104,10 +113,13 @@ def build_plan(
     commit: str = "unknown",
     progress: Callable[[str], None] | None = None,
     measure_top: int = 0,
+    cache: ProfileCache | None = None,
 ) -> BuildResult:
     """Profile `model` (loaded on its device) at each batch in `batches` with each backend, search, plan.
     With `measure_top` > 0 the best predicted candidates of each bucket also run whole steps end to end,
-    and the bucket takes the fastest measured one (its prediction error is in the report)."""
+    and the bucket takes the fastest measured one (its prediction error is in the report). With `cache`
+    (see `profile_cache_for`), a measurement stored by an earlier build of the same model on the same machine
+    is reused instead of run again; new ones are added (the caller saves the cache)."""
     megakernel = megakernel or BackendOptions()
     batches = sorted(set(batches))
     if not batches or batches[0] < 1:
@@ -118,31 +130,52 @@ def build_plan(
     unavailable: dict[str, str] = {}
     profiled: list[Backend] = []
     made: dict = {}
+    # Per batch: the step's phases outside the decoder regions (codec, sampling, prefill of refills), measured
+    # with the first conventional backend; the same on every candidate, so it shifts predictions, not ranks.
+    rest_ms: dict[int, float] = {}
     install_graph_regions(model, executor_region_names(model))  # codec and sampling as served
     for backend in backends:
-        try:
-            installed = {
-                name: _region_backend(model, name, backend, made, graphs=GraphOptions(), megakernel=megakernel)
-                for name in regions
+        # A backend whose every bucket is in the cache is not even installed (no megakernel compile).
+        cached = (
+            {
+                batch: cache.get("regions", backend=backend.value, batch=batch, warmup=warmup, steps=steps)
+                for batch in batches
             }
-            for name, instance in installed.items():
-                set_region_backend(model, name, instance)
-        except MegakernelUnavailable as exc:
-            unavailable[backend.value] = exc.reason
-            log.warning("build: %s not profiled: %s", backend.value, exc.reason)
-            continue
+            if cache is not None
+            else {batch: None for batch in batches}
+        )
+        installed: dict[str, Callable] = {}
+        if any(times is None for times in cached.values()):
+            try:
+                installed = {
+                    name: _region_backend(model, name, backend, made, graphs=GraphOptions(), megakernel=megakernel)
+                    for name in regions
+                }
+                for name, instance in installed.items():
+                    set_region_backend(model, name, instance)
+            except MegakernelUnavailable as exc:
+                unavailable[backend.value] = exc.reason
+                log.warning("build: %s not profiled: %s", backend.value, exc.reason)
+                continue
         for batch in batches:
             if progress is not None:
-                progress(f"{backend.value} at {batch} streams")
-            fallbacks = {name: b.num_conventional_calls for name, b in installed.items()}
-            times = region_times(model, batch, warmup=warmup, steps=steps)
+                progress(f"{backend.value} at {batch} streams" + (" (cached)" if cached[batch] is not None else ""))
+            times = cached[batch]
+            if times is None:
+                fallbacks = {name: b.num_conventional_calls for name, b in installed.items()}
+                times = region_times(model, batch, warmup=warmup, steps=steps)
+                for name in regions:
+                    if name not in times:
+                        raise RuntimeError(f"region {name} did not run in a step of {batch} streams")
+                    if backend is Backend.MEGAKERNEL and installed[name].num_conventional_calls > fallbacks[name]:
+                        times[name] = math.inf  # some calls ran the conventional path (reason logged)
+                if cache is not None:
+                    cache.put("regions", times, backend=backend.value, batch=batch, warmup=warmup, steps=steps)
+            if backend.is_conventional and batch not in rest_ms:
+                rest_ms[batch] = sum(ms for name, ms in times.items() if name not in regions)
             for name in regions:
-                if name not in times:
-                    raise RuntimeError(f"region {name} did not run in a step of {batch} streams")
                 measured[(name, backend.value, batch)] = times[name]
-                if backend is Backend.MEGAKERNEL and installed[name].num_conventional_calls > fallbacks[name]:
-                    # some calls ran the conventional path (reason logged): not a megakernel time
-                    measured[(name, backend.value, batch)] = math.inf
+                if not math.isfinite(times[name]):
                     unavailable[f"{backend.value} {name} at {batch}"] = "calls ran the conventional path (see the log)"
         profiled.append(backend)
         for name in regions:
@@ -169,7 +202,9 @@ def build_plan(
         ranked_report[batch] = [
             {
                 "label": r.composition.label(),
-                "predicted_step_ms": r.step_s * 1e3 if math.isfinite(r.step_s) else None,  # None: not measurable
+                # the decoder regions as the search priced them, plus the step's other phases as measured
+                "predicted_regions_ms": r.step_s * 1e3 if math.isfinite(r.step_s) else None,  # None: not measurable
+                "predicted_step_ms": (r.step_s * 1e3 + rest_ms.get(batch, 0.0)) if math.isfinite(r.step_s) else None,
                 "composition": r.composition.to_list(),
             }
             for r in ranked
@@ -182,10 +217,21 @@ def build_plan(
             for row, candidate in zip(ranked_report[batch], top):
                 if progress is not None:
                     progress(f"measuring {candidate.composition.label()} at {batch} streams")
-                install_composition(model, candidate.composition, megakernel, made)
-                step_ms = step_time_ms(model, batch, warmup=warmup, steps=steps)
+                label = candidate.composition.label()
+                hit = (
+                    cache.get("step", composition=label, batch=batch, warmup=warmup, steps=steps)
+                    if cache is not None
+                    else None
+                )
+                if hit is not None:
+                    step_ms = hit["step"]
+                else:
+                    install_composition(model, candidate.composition, megakernel, made)
+                    step_ms = step_time_ms(model, batch, warmup=warmup, steps=steps)
+                    if cache is not None:
+                        cache.put("step", {"step": step_ms}, composition=label, batch=batch, warmup=warmup, steps=steps)
                 row["measured_step_ms"] = step_ms
-                row["prediction_error"] = candidate.step_s * 1e3 / step_ms - 1.0
+                row["prediction_error"] = row["predicted_step_ms"] / step_ms - 1.0
                 measured_steps.append(step_ms)
             fastest = min(range(len(top)), key=measured_steps.__getitem__)
             ranked = [top[fastest], *(r for r in ranked if r is not top[fastest])]
@@ -196,6 +242,23 @@ def build_plan(
     plan = Plan(model=model_id, provenance=provenance, layout=layout, buckets=tuple(buckets))
     plan.validate()
     return BuildResult(plan=plan, measured_ms=measured, ranked=ranked_report, unavailable=unavailable)
+
+
+def profile_cache_for(model, model_id: str, path: Path | None) -> ProfileCache:
+    """The profile cache at `path` (None: in memory only) for `model` on this machine: entries match only the
+    same GPU, driver, kernel library, torch version, model id, dtype and parameter shapes."""
+    machine = this_machine(model.device, commit="", profile_date="")
+    dtype = next(p.dtype for m in model.torch_modules() for p in m.parameters())
+    context = {
+        "gpu": machine.gpu,
+        "driver": machine.driver,
+        "library_hash": machine.library_hash,
+        "torch": torch.__version__,
+        "model": model_id,
+        "dtype": str(dtype),
+        "signature": model_signature(model.torch_modules()),
+    }
+    return ProfileCache(path, context)
 
 
 def apply_plan(

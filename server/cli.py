@@ -734,6 +734,13 @@ def _add_build(subparsers) -> None:
         "plugin nodes, conventional ones as ONNX ops with swiglu_mlp plugin nodes (Llasa decoder_step only)",
     )
     p.add_argument("--out", required=True, type=Path, help="directory for plan.json and build_report.json")
+    p.add_argument(
+        "--profile-cache",
+        default=None,
+        help="measurements kept between builds, like TensorRT's timing cache: reused where the GPU, driver, kernel "
+        "library, torch version, model and measurement settings match, added otherwise (default: "
+        "<out>/profile_cache.json; `none`: measure everything and keep nothing)",
+    )
     p.set_defaults(handler=_run_build)
 
 
@@ -744,9 +751,10 @@ def _run_build(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from tilevox.engine_builder.build import build_plan
-    from tilevox.engine_builder.composition import Backend
+    from tilevox.engine_builder.build import build_plan, profile_cache_for
+    from tilevox.engine_builder.composition import Backend, classify
     from tilevox.engine_builder.plan import save_plan
+    from tilevox.engine_builder.profile_cache import ProfileCacheError
     from tilevox.engine_builder.regions import BackendOptions, Executor
     from tilevox.models.registry import load_model, parse_dtype
 
@@ -764,6 +772,11 @@ def _run_build(args: argparse.Namespace) -> int:
     if largest > model.max_streams:
         raise CommandError(f"batch {largest} is above the model's {model.max_streams} streams")
     args.out.mkdir(parents=True, exist_ok=True)
+    cache_path = None if args.profile_cache == "none" else Path(args.profile_cache or args.out / "profile_cache.json")
+    try:
+        cache = profile_cache_for(model, args.model, cache_path)
+    except ProfileCacheError as exc:
+        raise CommandError(f"--profile-cache: {exc}") from None
     steps_of_work = len(batches) * (len(backends) + args.measure)
     with tqdm(total=steps_of_work, desc="profiling", file=sys.stderr, leave=False) as bar:
 
@@ -782,8 +795,11 @@ def _run_build(args: argparse.Namespace) -> int:
             commit=_commit(),
             progress=progress,
             measure_top=args.measure,
+            cache=cache,
         )
+    cache.save()
     save_plan(result.plan, args.out / "plan.json")
+    category = classify({bucket.batch: bucket.composition for bucket in result.plan.buckets})
     report = {
         "plan": result.plan.to_dict(),
         "measured_ms": [
@@ -792,6 +808,13 @@ def _run_build(args: argparse.Namespace) -> int:
         ],
         "not_profiled": result.unavailable,
         "candidates": {str(batch): ranked for batch, ranked in result.ranked.items()},
+        "category": category.category.value,
+        "category_why": category.reason,
+        "profile_cache": {
+            "path": None if cache_path is None else str(cache_path),
+            "reused": cache.hits,
+            "measured": cache.misses,
+        },
         "note": "per-region step times measured with synchronisation around each region (engine_builder.profile); "
         "the executor runs regions whole today, so only whole-region compositions are candidates",
     }
@@ -816,6 +839,8 @@ def _run_build(args: argparse.Namespace) -> int:
         )
     for what, why in result.unavailable.items():
         print(f"not profiled: {what}: {why}")
+    print(f"category: {category.category.value} ({category.reason})")
+    print(f"profile cache {cache_path or '(none)'}: {cache.hits} measurements reused, {cache.misses} made")
     print(f"wrote {args.out / 'plan.json'} and {args.out / 'build_report.json'}")
     if args.onnx:
         try:

@@ -8,11 +8,19 @@
 #   pytest EXPR PATH... -- the GPU tests of these repository paths matching -k EXPR
 #   bench NAME MODEL LEVELS MODE SECONDS SERVE_ARGS... --  `tilevox bench` (4 s requests) against a started
 #                          server, cut after SECONDS; open loop at 8 requests/s for 20 s
-#   build MODEL BATCHES    `tilevox build` (graph vs megakernel per region and bucket) with the kernel library
-#                          built here (`python -m tilevox.trt_plugins.build`), copied to .kernels/ and carried
-#                          (outside trt_plugins/build, so that the parts before it run without fused kernels)
+#   build MODEL BATCHES ARGS... --  `tilevox build` (graph vs megakernel per region and bucket) with extra build ARGS
+#                          (e.g. --measure 4), the kernel library carried in .kernels/ (built with
+#                          `python -m tilevox.trt_plugins.build`; outside trt_plugins/build, so that the parts
+#                          before it run without fused kernels); timed, BUILD_TIMEOUT seconds at most (300)
 #   nhframes               NH-TTS region timings (benchmarks/device/nh_tts_frames.py), batch 1 and 32, eager and graphs
 #   sampling               the sampling draw with and without executor.sampling.filter_plan's shortcuts
+#   trt                    the TensorRT plugin tests (tests/trt_plugins/test_tensorrt_plugins.py) through the lean
+#                          runtime: the SwiGLU plugins and the MegakernelRegion plugin (built here, --megakernel-region)
+#                          enqueued and compared bit for bit with the torch ops. Carried: .device-carry/trt-lean
+#                          (libnvinfer_lean.so.11 of tensorrt-lean-cu13-libs 11.4.0.106, xz), .device-carry/trt-include
+#                          (the TensorRT OSS include/ headers), .kernels
+#   restore PATH... --     put these paths back to the landed commit first (a helper's unfinished edit in the copied
+#                          working tree stays out of the run)
 #   pack                   everything in $OUT into results.tgz (a call brings back 8 files at most)
 # Serve flags go after the bench part's SECONDS, e.g. `--cuda-graphs on --graph-prefill on --`.
 # Inductor's cache is not kept between calls (it comes to ~36 MB compressed for Qwen3-TTS-0.6B, above what a
@@ -38,7 +46,7 @@ while [ $# -gt 0 ]; do
         | grep -v "^ " | tee -a "$OUT/frames.log" ;;
     synth)
       model=$1; shift; extra=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift || true
-      timeout 200 python3 -m tilevox.server.cli synth --model "$model" --device cuda --quiet --seed 0 --max-duration 4 \
+      timeout "${SYNTH_TIMEOUT:-200}" python3 -m tilevox.server.cli synth --model "$model" --device cuda --quiet --seed 0 --max-duration 4 \
         --text "Streaming speech synthesis on a Hopper GPU, one frame at a time." --out /tmp/synth.wav "${extra[@]}" 2>&1 \
         | tail -2 | sed "s|^|synth $model ${extra[*]}: |" | tee -a "$OUT/synth.log" ;;
     tests)
@@ -65,15 +73,28 @@ while [ $# -gt 0 ]; do
         && cp "/tmp/bench/$name.json" "$OUT/"
       gzip -c "/tmp/bench/$name.server.log" > "$OUT/$name.server.log.gz" ;;
     build)
-      model=$1 batches=$2; shift 2
+      model=$1 batches=$2; shift 2; extra=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift || true
       export TILEVOX_KERNELS_LIB=${TILEVOX_KERNELS_LIB:-$repo/.kernels/libtilevox_kernels.so}
-      timeout 300 python3 -m tilevox.server.cli build --model "$model" --batches "$batches" \
-        --out "$OUT/build_${model#random:}" 2>&1 | tail -8 | sed "s|^|build $model: |" | tee -a "$OUT/build.log" ;;
+      start=$(date +%s)
+      timeout "${BUILD_TIMEOUT:-300}" python3 -m tilevox.server.cli build --model "$model" --batches "$batches" \
+        --out "$OUT/build_${model#random:}" "${extra[@]}" 2>&1 | grep -v '^\s*$' | tail -14 | sed "s|^|build $model: |" \
+        | tee -a "$OUT/build.log"
+      echo "build $model: $(( $(date +%s) - start )) s" | tee -a "$OUT/build.log" ;;
     nhframes)  # benchmarks/device/nh_tts_frames.py: NH-TTS (Dia-1.6B shapes) encoder, decoder step, DAC chunk
       timeout 300 python3 -m benchmarks.device.nh_tts_frames --out "$OUT/nh_tts_frames.json" 2>&1 | tail -20 \
         | tee "$OUT/nhframes.log" ;;
     sampling)  # benchmarks/sampling_plan.py: the draw with and without filter_plan's shortcuts, CUDA graphs
       timeout 120 python3 -m benchmarks.sampling_plan --out "$OUT/sampling_plan.json" 2>&1 | tee "$OUT/sampling.log" ;;
+    trt)
+      xz -dc "$repo/.device-carry/trt-lean/libnvinfer_lean.so.11.xz" > /tmp/libnvinfer_lean.so.11
+      TILEVOX_TRT_LEAN_LIB=/tmp/libnvinfer_lean.so.11 TENSORRT_INCLUDE_DIR="$repo/.device-carry/trt-include" \
+        CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TILEVOX_KERNELS_LIB=${TILEVOX_KERNELS_LIB:-$repo/.kernels/libtilevox_kernels.so} \
+        timeout 300 python3 -m pytest -q -p no:cacheprovider -rs -c "$repo/pyproject.toml" --rootdir "$repo" \
+        "$repo/tests/trt_plugins/test_tensorrt_plugins.py" > "$OUT/trt_tests.log" 2>&1
+      tail -15 "$OUT/trt_tests.log" ;;
+    restore)
+      paths=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do paths+=("$1"); shift; done; shift || true
+      (cd "$repo" && git checkout HEAD -- "${paths[@]}" && git status --short | head -20) ;;
     pack)  # everything so far into one archive (a call brings back 8 files at most)
       (cd "$OUT" && tar czf results.tgz --exclude results.tgz --remove-files -- *) ;;
     *) echo "unknown part $part" >&2; exit 2 ;;

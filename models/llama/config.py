@@ -245,6 +245,28 @@ LLAMA_PRESETS: dict[str, LlamaConfig] = {
         rope_original_max_position_embeddings=8192,
         tie_word_embeddings=False,
     ),
+    # meta-llama/Llama-3.2-1B itself: its config.json (hidden 2048, 16 layers, 32 heads, 8 KV heads, head_dim 64,
+    # intermediate 8192, rms_norm_eps 1e-5, rope_theta 500000 with llama3 scaling factor 32 / low 1 / high 4 /
+    # original 8192, 131072 positions, no biases). It differs from "1b" only in the vocabulary (Llama's own
+    # 128,256 tokens) and the head, which is TIED to the embedding table: 1,235,814,400 parameters.
+    "3.2-1b": LlamaConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_type="llama3",
+        rope_factor=32.0,
+        rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0,
+        rope_original_max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ),
     # Small enough for CPU tests; llama3 scaling with a short original context so that all three
     # frequency bands (kept, smoothed, divided) occur at head_dim 16.
     "tiny": LlamaConfig(

@@ -1,7 +1,9 @@
 """Build LlasaModel from a random preset or a Llasa checkpoint directory.
 
-Presets: "llama-tiny" (CPU-test sized Llama + tiny XCodec2) and "llama-1b" (Llama-3.2-1B shapes with
-Llasa-1B's 193,800-token vocabulary + the full XCodec2 decoder), seeded, `is_random` True. Their
+Presets: "llama-tiny" (CPU-test sized Llama + tiny XCodec2), "llama-1b" (Llama-3.2-1B shapes with
+Llasa-1B's 193,800-token vocabulary + the full XCodec2 decoder) and "llama-3.2-1b" (Llama-3.2-1B itself:
+its 128,256-token vocabulary, head tied to the embedding table, + the full XCodec2 decoder), seeded,
+`is_random` True. Their
 tokenizer is the in-memory byte-level stand-in of models.llasa.tokenizer.
 A checkpoint directory holds Llasa's LlamaForCausalLM config.json, *.safetensors and tokenizer.json.
 XCodec2 (HKUSTAudio/xcodec2) is a separate download: put it in an `xcodec2/` subfolder of the

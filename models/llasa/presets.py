@@ -42,4 +42,16 @@ LLASA_PRESETS: dict[str, LlasaPreset] = {
         vocab_size=193800,
         num_speech_tokens=None,
     ),
+    # Llama-3.2-1B's own network (models.llama "3.2-1b": 128,256-token vocabulary, head tied to the embedding
+    # table) with the full XCodec2 codec: the same decoder as llama-1b but for the vocabulary and the tie, so
+    # the build can compare Llasa-1B with the plain Llama-3.2-1B step. The random tokenizer's 65,805 ids fit
+    # inside the 128,256; the rest are masked out like any non-speech token.
+    "llama-3.2-1b": LlasaPreset(
+        llama="3.2-1b",
+        codec="full",
+        max_streams=DEFAULT_MAX_STREAMS,
+        max_seq_len=LLASA_MAX_SEQ_LEN,
+        vocab_size=128256,
+        num_speech_tokens=None,
+    ),
 }

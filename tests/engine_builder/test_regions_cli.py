@@ -79,3 +79,22 @@ def test_llama_1b_means_the_llasa_network_here_too(capsys):
 
     network = meta_regions("llama-1b")["decoder_step"]
     assert network.decoder_view().heads[0].shape[0] == 193800
+
+
+def test_llama_3_2_1b_compiles_with_its_tied_table(capsys):
+    """llama-3.2-1b's decoder_step (Llama-3.2-1B: 128,256 tokens, head tied to the embedding table) compiles
+    whole: one tensor is both the EMBED gather's table and the head, and the weight bytes read per step are the
+    head once plus one embedding row per stream, as for an untied network (the tie changes what is stored,
+    not what a step reads)."""
+    batch = 2
+    assert (
+        main(["--model", "llama-3.2-1b", "--region", "decoder_step", "--batch", str(batch), "--max-context", "64"]) == 0
+    )
+    summary = json.loads(capsys.readouterr().out)
+    from tilevox.models.registry import meta_regions
+
+    network = meta_regions("llama-3.2-1b")["decoder_step"]
+    view = network.decoder_view()
+    assert view.heads[0] is view.embed_tables[0] and view.heads[0].shape == (128256, 2048)
+    matrices = sum(p.numel() for n, p in network.named_parameters() if n.endswith("proj.weight"))
+    assert summary["weight_bytes"] == 2 * (matrices + 128256 * 2048 + batch * 2048)

@@ -12,9 +12,16 @@ from tilevox.models.registry import FAMILIES, load_model, meta_regions, preset_f
 
 def test_every_preset_belongs_to_exactly_one_family():
     table = presets()
-    assert set(table) >= {"llama-tiny", "llama-1b", "qwen3-tts-tiny", "qwen3-tts-0.6b", "qwen3-tts-1.7b"}
+    assert set(table) >= {
+        "llama-tiny",
+        "llama-1b",
+        "llama-3.2-1b",
+        "qwen3-tts-tiny",
+        "qwen3-tts-0.6b",
+        "qwen3-tts-1.7b",
+    }
     assert {family.name for family in table.values()} == {family.name for family in FAMILIES}
-    assert preset_family("random:llama-1b").name == "llasa"
+    assert preset_family("random:llama-1b").name == preset_family("random:llama-3.2-1b").name == "llasa"
     with pytest.raises(ValueError, match="unknown preset 'random:llama-2b'.*random:llama-tiny"):
         preset_family("random:llama-2b")
 

@@ -148,3 +148,66 @@ def test_build_of_an_nh_tts_model_profiles_with_a_text_its_encoder_holds(tmp_pat
     assert main([*argv, "--megakernel-executor", "vm", "--warmup", "1", "--steps", "1", "--out", str(out)]) == 0
     plan = load_plan(out / "plan.json", here=provenance_here(torch.device("cpu")))
     assert [b.batch for b in plan.buckets] == [1]
+
+
+def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_path, monkeypatch, capsys):
+    """The first build measures every (backend, batch) and every measured candidate and stores them; a rebuild
+    of the same model into the same folder measures nothing and plans the same; other measurement settings
+    (--steps) miss the cache; a broken cache file is a usage error naming it."""
+    import tilevox.engine_builder.build as build
+
+    calls = {"regions": 0, "step": 0}
+
+    def fake_region_times(model, batch, **_):
+        calls["regions"] += 1
+        on_megakernel = type(model.talker_step_backend).__name__.startswith("Megakernel")
+        return {"talker_step": 2.0 if on_megakernel else 3.0, "code_predictor_loop": 5.0 if on_megakernel else 4.0}
+
+    def fake_step_time_ms(model, batch, **_):
+        calls["step"] += 1
+        return 7.0 + batch
+
+    monkeypatch.setattr(build, "region_times", fake_region_times)
+    monkeypatch.setattr(build, "step_time_ms", fake_step_time_ms)
+    out = tmp_path / "build"
+    argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1,2", "--measure", "2"]
+    argv += ["--megakernel-executor", "vm", "--warmup", "0", "--steps", "1", "--out", str(out)]
+    assert main(argv) == 0
+    assert calls == {"regions": 4, "step": 4}  # 2 backends x 2 batches; 2 candidates x 2 batches
+    first = json.loads((out / "build_report.json").read_text())
+    assert first["profile_cache"]["reused"] == 0 and (out / "profile_cache.json").is_file()
+    assert first["category"] == "megakernel-stable"  # talker on the megakernel at both batches
+    capsys.readouterr()
+
+    def must_not_measure(*_, **__):
+        raise AssertionError("a cached measurement was run again")
+
+    monkeypatch.setattr(build, "region_times", must_not_measure)
+    monkeypatch.setattr(build, "step_time_ms", must_not_measure)
+    assert main(argv) == 0
+    second = json.loads((out / "build_report.json").read_text())
+    assert second["plan"]["buckets"] == first["plan"]["buckets"]
+    assert second["candidates"] == first["candidates"]
+    assert second["profile_cache"] == {"path": str(out / "profile_cache.json"), "reused": 8, "measured": 0}
+    assert "8 measurements reused, 0 made" in capsys.readouterr().out
+
+    monkeypatch.setattr(build, "region_times", fake_region_times)
+    monkeypatch.setattr(build, "step_time_ms", fake_step_time_ms)
+    calls.update(regions=0, step=0)
+    assert main([*argv[:-4], "--steps", "2", "--out", str(out)]) == 0
+    assert calls == {"regions": 4, "step": 4}
+
+    (out / "profile_cache.json").write_text("{not json")
+    assert main(argv) == 2
+    assert "profile_cache.json: unreadable profile cache" in capsys.readouterr().err
+    assert main([*argv, "--profile-cache", "none"]) == 0  # measures afresh, keeps nothing
+
+
+def test_the_model_signature_tells_configs_apart():
+    from tilevox.engine_builder.profile_cache import model_signature
+
+    def signature(preset: str, dtype: torch.dtype) -> str:
+        return model_signature(load_llasa(preset, device="cpu", dtype=dtype, max_streams=1).torch_modules())
+
+    assert signature("llama-tiny", torch.float32) == signature("llama-tiny", torch.float32)
+    assert signature("llama-tiny", torch.float32) != signature("llama-tiny", torch.bfloat16)

@@ -171,6 +171,17 @@ def test_1b_preset_shapes_on_meta():
     assert config.resolved_head_dim == 64 and config.num_key_value_groups == 4
 
 
+def test_3_2_1b_preset_is_tied_on_meta():
+    """Llama-3.2-1B: one tensor is both the embedding table and the head, so its 1,235,814,400 parameters
+    (the published count) hold the 128,256 x 2,048 table once."""
+    model = random_llama(LLAMA_PRESETS["3.2-1b"], seed=0, device="meta", dtype=torch.bfloat16)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.model.embed_tokens.weight.shape == (128256, 2048)
+    assert len(dict(model.named_parameters(remove_duplicate=False))) == len(dict(model.named_parameters())) + 1
+    per_layer = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192 + 2 * 2048
+    assert sum(p.numel() for p in model.parameters()) == 128256 * 2048 + 16 * per_layer + 2048 == 1_235_814_400
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [

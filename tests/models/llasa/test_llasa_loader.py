@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,10 +12,19 @@ from safetensors.torch import save_file
 
 from tilevox.models.errors import CheckpointError
 from tilevox.models.llama.config import LLAMA_PRESETS
-from tilevox.models.llasa.loader import LLASA_PRESETS, XCODEC2_DIR_ENV, load_checkpoint, load_preset
+from tilevox.models.llasa.loader import (
+    LLASA_PRESETS,
+    XCODEC2_DIR_ENV,
+    llama_config,
+    load_checkpoint,
+    load_preset,
+    meta_regions,
+)
+from tilevox.models.llasa.tokenizer import build_random_tokenizer
 from tilevox.models.registry import load_model
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest, synthesize
+from tilevox.models.xcodec2.config import XCodec2Config
 from tilevox.models.xcodec2.weights import checkpoint_name
 
 REQUEST = SynthesisRequest(text="Checkpoint parity", sampling=SamplingParams(max_new_tokens=12), seed=5)
@@ -63,6 +73,30 @@ def test_presets(tiny):
     assert preset.codec == "full" and preset.max_seq_len == 2048
     with pytest.raises(ValueError, match="unknown Llasa preset 'llama-7b'"):
         load_preset("llama-7b", device="cpu", dtype=torch.float32)
+
+
+def test_llama_3_2_1b_preset_without_building_it():
+    """llama-3.2-1b: Llama-3.2-1B's own network (128,256 tokens, tied head) with the full XCodec2; the random
+    tokenizer's 65,805 ids fit inside the vocabulary (the rest are masked as non-speech). Shapes only: the
+    network is built on the meta device, the codec and tokenizer from their configs."""
+    preset = LLASA_PRESETS["llama-3.2-1b"]
+    assert preset.codec == "full" and preset.max_seq_len == 2048 and preset.num_speech_tokens is None
+    config = llama_config("llama-3.2-1b")
+    assert config == LLAMA_PRESETS["3.2-1b"] and config.tie_word_embeddings
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.intermediate_size) == (
+        128256,
+        2048,
+        16,
+        8192,
+    )
+    # the same decoder as Llasa-1B's llama-1b but for the vocabulary and the tie
+    assert dataclasses.replace(llama_config("llama-1b"), vocab_size=128256, tie_word_embeddings=True) == config
+    tokenizer = build_random_tokenizer(XCodec2Config.preset(preset.codec).codebook_size)
+    last_speech_id = tokenizer.speech_offset + tokenizer.num_speech_tokens - 1
+    assert tokenizer.vocab_size == 65805 and max(last_speech_id, tokenizer.speech_end_id) < config.vocab_size
+    network = meta_regions("llama-3.2-1b", dtype=torch.bfloat16)["decoder_step"]
+    assert network.lm_head.weight is network.model.embed_tokens.weight  # one tensor
+    assert sum(p.numel() for p in network.parameters()) == 1_235_814_400
 
 
 def test_registry_random_preset():
