@@ -29,9 +29,10 @@ which); and `category_predicted`, the same classify of the predicted picks (what
 have planned). The summary counts the cells whose predicted pick is the measured best or within the tolerance,
 and gives the largest |prediction error| among the picks and among all measured candidates.
 
-The build predicts the decoder regions only (the sum of their profiled times), while a measured step also runs
-sampling, the codec and the host's bookkeeping: the errors lean negative by that time, the same for every
-candidate of a cell (so it does not change which one is picked). Imports: stdlib, engine_builder.composition,
+A build's predicted step is the decoder regions as the search priced them plus the step's other phases
+(sampling, the codec, the host's bookkeeping) as profiled once per batch (`predicted_regions_ms` holds the first
+part alone). Reports of builds before that change predicted the regions only, so their errors lean negative by
+the other phases' time, the same for every candidate of a cell (which does not change the pick). Imports: stdlib, engine_builder.composition,
 matplotlib (for the PNG, lazily).
 """
 
@@ -295,9 +296,8 @@ def markdown(table: Mapping, *, title: str = "tilevox build: predicted vs measur
         "",
         "Predicted pick: the search's first candidate on predictions alone (what a build without --measure plans). "
         "Measured best: the fastest of the candidates run end to end (plan.json with --measure keeps it). "
-        "Prediction error: predicted / measured step time - 1; the build's prediction sums the decoder regions' "
-        "profiled times only, while the measured step also runs sampling and the codec, so errors lean negative "
-        "by that time (the same for every candidate of a cell: the ranking is not affected). "
+        "Prediction error: predicted / measured step time - 1; the prediction is the decoder regions as the search "
+        "priced them plus the step's other phases (sampling, codec, host) as profiled at that batch. "
         "Category (plan), from: " + "; ".join(sorted({m["category_source"] for m in table["models"]})) + ". "
         "Category (predictions only): the same classify of the predicted picks.",
         "",
