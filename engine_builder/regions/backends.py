@@ -1,6 +1,6 @@
 """Megakernel backends for the models' per-step regions (models.region_backends), with logged fallback.
 
-Each backend compiles its region lazily per batch size (max context = the model's cache length),
+Each backend compiles its region lazily per batch bucket (max context = the model's cache length),
 binds the model's own KV caches, runs the region on the chosen executor (CUDA: the persistent
 megakernel through the `tilevox::megakernel_launch` op; VM: the pure-PyTorch interpreter, on any
 device) and returns exactly what the conventional call returns. Construction raises
@@ -13,15 +13,34 @@ head): greedy codes equal the conventional path's (up to bf16 near-ties); sample
 same distribution but are different draws, and the streams' torch generators no longer advance on
 predictor draws, so later talker draws differ too. The NH-TTS decoder step returns logits only (the model
 picks codes with guidance and its delay pattern on the host); its summed codebook embeddings are computed
-by the model's own embedding before the launch. Imports: torch, models, trt_plugins.megakernel, this package.
+by the model's own embedding before the launch.
+
+Batch buckets (BackendOptions.buckets): a region is compiled and bound once per batch bucket
+(executor.graphs.batch_bucket, capped at max_batch and at the rows the bound cache holds), not per exact
+batch. A call's B rows are padded with copies of row 0, as the executor's graphed backends pad: same
+slot, same position, same input, so the copy writes the same key/value to the same cache place as row
+0 and touches no other slot; the code-predictor loop's copies use slots of its own per-bucket cache.
+The padded rows' outputs are dropped and the host bookkeeping (cache lengths) advances per real row.
+
+No host synchronisation per call on CUDA: host-side inputs are staged with one pinned, asynchronous
+copy, the kernel is launched with check=False (from the second call of a bucket on, as a replay of a
+CUDA graph captured after the first, eager launch: BackendOptions.cuda_graphs), and the launch's error
+words are copied to pinned memory behind it with an event. A later call of the same backend, or
+`check()`, reads them once the event has completed and raises MegakernelWatchdogError /
+MegakernelFaultError as the synchronous check would. So an error surfaces one call late (or later,
+while the GPU runs behind): acceptable because the conventional CUDA graphs have no per-step check at
+all, and a failed launch still fails its batch, at its next step. BackendOptions(sync_check=True)
+restores the synchronous check at every launch (tests, debugging).
+Imports: torch, models, executor (batch buckets), trt_plugins.megakernel, this package.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,11 +48,11 @@ from tilevox.engine_builder.regions.adapters import DecoderView, decoder_view
 from tilevox.engine_builder.regions.bindings import (
     code_predictor_inputs,
     llama_decode_inputs,
-    nh_decoder_inputs,
     sampling_inputs,
 )
 from tilevox.engine_builder.regions.compiler import CompiledRegion, compile_region
 from tilevox.engine_builder.regions.spec import RegionSpec, TilingConfig, region_spec
+from tilevox.executor.graphs import BATCH_BUCKETS, batch_bucket
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.nh_tts.decoder import NhDecoderCache, NhTtsNetwork
 from tilevox.models.qwen3_tts.code_predictor import CodePredictor
@@ -50,7 +69,17 @@ from tilevox.models.region_backends import (
     set_region_backend,
 )
 from tilevox.models.sampling import SamplingParams
-from tilevox.trt_plugins.megakernel.instructions import MAX_HEAD_DIM, MAX_ROW_WIDTH, BufferKind
+from tilevox.trt_plugins.megakernel.instructions import MAX_HEAD_DIM, MAX_ROW_WIDTH, BufferKind, ErrorCode
+from tilevox.trt_plugins.megakernel.runtime import (
+    ERROR_WORDS,
+    BoundLaunch,
+    CudaProgram,
+    MegakernelFaultError,
+    MegakernelWatchdogError,
+    _raise_for_words,  # runtime's private reading of the error words, on purpose: raise what its check raises
+    unavailable_reason,
+)
+from tilevox.trt_plugins.megakernel.torch_op import launch_op
 from tilevox.trt_plugins.megakernel.vm import TORCH_DTYPES, run_program
 
 __all__ = [
@@ -61,9 +90,11 @@ __all__ = [
     "Executor",
     "MegakernelCodePredictorLoop",
     "MegakernelDecoderStep",
+    "MegakernelFaultError",
     "MegakernelNhDecoderStep",
     "MegakernelTalkerStep",
     "MegakernelUnavailable",
+    "MegakernelWatchdogError",
     "BACKENDS",
     "install_megakernel_regions",
     "make_backend",
@@ -77,6 +108,7 @@ log = logging.getLogger(LOGGER_NAME)
 # and the shared staging buffer one matrix-vector input row must fit in. Checked for both executors, so
 # that the VM proves exactly what the GPU would run.
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_ALIGN = 16  # bytes: the kernel's vector loads need 16-byte aligned buffers (CudaProgram.bind checks)
 
 
 class MegakernelUnavailable(RuntimeError):
@@ -95,13 +127,20 @@ class Executor(enum.Enum):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendOptions:
     """executor; max_batch: larger calls run conventionally; tiling / num_sms: the compiler's (None:
-    TilingConfig() and the device's SM count, or 132 for the VM); watchdog_s: the kernel's per-wait limit."""
+    TilingConfig() and the device's SM count, or 132 for the VM); watchdog_s: the kernel's per-wait limit.
+    buckets: compile per batch bucket, padding a call's rows with copies of row 0 (False: per exact batch).
+    sync_check: CUDA only: synchronise after every launch and raise its error there (False: the error
+    words are read without blocking, one call late; see the module docstring).
+    cuda_graphs: CUDA with sync_check off: replay a CUDA graph of each bucket's launch after its first call."""
 
     executor: Executor = Executor.CUDA
     max_batch: int = 64
     tiling: TilingConfig | None = None
     num_sms: int | None = None
     watchdog_s: float = 2.0
+    buckets: bool = True
+    sync_check: bool = False
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.executor, Executor):
@@ -115,8 +154,6 @@ class BackendOptions:
 
 
 def _check_cuda(device: torch.device) -> None:
-    from tilevox.trt_plugins.megakernel.runtime import unavailable_reason
-
     reason = unavailable_reason(device)
     if reason is not None:
         raise MegakernelUnavailable(reason)
@@ -165,21 +202,142 @@ class _CallUnsupported(Exception):
     """This call cannot run through the region (the reason is logged; the call runs conventionally)."""
 
 
+def _pad_rows(tensor: torch.Tensor, bucket: int) -> torch.Tensor:
+    """`tensor`'s rows (dim 0), then copies of row 0 up to `bucket` rows (on the tensor's device)."""
+    extra = bucket - tensor.shape[0]
+    if extra == 0:
+        return tensor
+    return torch.cat((tensor, tensor[:1].expand(extra, *tensor.shape[1:])))
+
+
+def _pad_list(values: Sequence, bucket: int) -> list:
+    """`values`, then copies of values[0] up to `bucket` entries."""
+    return [*values, *[values[0]] * (bucket - len(values))]
+
+
+def _pinned_words() -> tuple[torch.Tensor, torch.cuda.Event]:
+    """A pinned host copy of one launch's error words and the event that says when it has landed."""
+    return torch.empty(ERROR_WORDS, dtype=torch.int32, pin_memory=True), torch.cuda.Event()
+
+
+@dataclass(slots=True)
+class _PendingCheck:
+    words: torch.Tensor  # host (pinned) copy of the launch's error words, written by an async copy
+    event: object  # torch.cuda.Event recorded behind that copy
+    bucket: int
+
+
+class _ErrorChecks:
+    """The error words of launches made with check=False, read without blocking once they have landed.
+
+    `record` enqueues an asynchronous copy of a launch's error words into pinned memory and an event
+    behind it on the current stream; `poll` (every call of the runner) reads the entries whose event has
+    completed, never waits, and raises the first recorded error as the synchronous check would; `wait`
+    (`check()` of a backend) waits for every pending entry, then polls. Raising drops the entries still
+    pending: they are launches enqueued before the error was reported, whose batch fails with it. The
+    launcher clears a launch's error words before it starts, so each copy holds exactly its launch's."""
+
+    def __init__(self, name: str, new_slot: Callable[[], tuple[torch.Tensor, object]] = _pinned_words) -> None:
+        self.name = name
+        self._new_slot = new_slot  # (host words, event); tests give a host tensor and a fake event
+        self._pending: list[_PendingCheck] = []
+        self._spare: list[tuple[torch.Tensor, object]] = []
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    def record(self, error: torch.Tensor, bucket: int) -> None:
+        """After a launch on the current stream: copy its error words behind it (no host synchronisation)."""
+        words, event = self._spare.pop() if self._spare else self._new_slot()
+        words.copy_(error, non_blocking=True)
+        event.record()
+        self._pending.append(_PendingCheck(words=words, event=event, bucket=bucket))
+
+    def poll(self) -> None:
+        """Raise MegakernelWatchdogError / MegakernelFaultError for the first completed launch that
+        recorded an error; entries whose event has not completed stay pending (never blocks)."""
+        done = [entry for entry in self._pending if entry.event.query()]
+        if not done:
+            return
+        self._pending = [entry for entry in self._pending if not any(entry is d for d in done)]
+        failed: tuple[_PendingCheck, list[int]] | None = None
+        for entry in done:
+            words = entry.words.tolist()
+            self._spare.append((entry.words, entry.event))
+            if failed is None and words[0] != ErrorCode.NONE:
+                failed = (entry, words)
+        if failed is None:
+            return
+        entry, words = failed
+        self._pending.clear()  # still in flight: not reused (their copies may land later)
+        try:
+            _raise_for_words(words)
+        except (MegakernelWatchdogError, MegakernelFaultError) as exc:
+            exc.add_note(
+                f"megakernel region {self.name} (batch bucket {entry.bucket}): an earlier launch, checked "
+                "once it completed (BackendOptions.sync_check=True checks every launch as it runs)"
+            )
+            raise
+        raise AssertionError(f"error words {words} raised nothing")  # _raise_for_words raises for any code != 0
+
+    def wait(self) -> None:
+        """Wait for every pending launch's error words, then poll (synchronises the host)."""
+        for entry in self._pending:
+            entry.event.synchronize()
+        self.poll()
+
+
+@dataclass(slots=True)
+class _Staging:
+    """A bound launch's INPUT buffers, laid out in one device arena (each 16-byte aligned): the inputs a
+    call builds on the host (positions, slots, sampling values) come first and reach the device through
+    one pinned, asynchronous copy of that prefix; inputs already on the device are copied in place."""
+
+    arena: torch.Tensor  # uint8, on the device
+    inputs: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)  # name -> (byte offset, buffer)
+
+    def stage(self, bound: Mapping[str, torch.Tensor]) -> None:
+        host_end = 0
+        for name, (offset, buffer) in self.inputs.items():
+            source = bound[name]
+            if tuple(source.shape) != tuple(buffer.shape):
+                raise ValueError(f"input {name!r} is {tuple(source.shape)}, the region takes {tuple(buffer.shape)}")
+            if source.device.type == "cpu":
+                host_end = max(host_end, offset + buffer.numel() * buffer.element_size())
+        if host_end:
+            # A fresh block of the pinned host cache per call: it is not reused before its copy has run.
+            host = torch.empty(host_end, dtype=torch.uint8, pin_memory=True)
+            for name, (offset, buffer) in self.inputs.items():
+                if bound[name].device.type == "cpu":
+                    size = buffer.numel() * buffer.element_size()
+                    host[offset : offset + size].view(buffer.dtype).view(buffer.shape).copy_(bound[name])
+            self.arena[:host_end].copy_(host, non_blocking=True)
+        for name, (_, buffer) in self.inputs.items():  # after the prefix copy: it may span device inputs
+            if bound[name].device.type != "cpu":
+                buffer.copy_(bound[name])
+
+
 @dataclass(slots=True)
 class _Compiled:
     region: CompiledRegion
     weights: dict[str, torch.Tensor]  # on the model's device
-    launch: object | None = None  # CUDA: the BoundLaunch (inputs are staged into its INPUT buffers)
+    # CUDA: the BoundLaunch (inputs are staged into its INPUT buffers), their staging arena, and the CUDA
+    # graph of the launch once captured (after the bucket's first, eager launch).
+    launch: BoundLaunch | None = None
+    staging: _Staging | None = None
+    graph: torch.cuda.CUDAGraph | None = None
 
 
 class _RegionRunner:
-    """Compiles one region per batch size (on first use) and runs it on the executor."""
+    """Compiles one region per batch bucket (on first use) and runs it on the executor."""
 
     def __init__(
         self,
         module: torch.nn.Module,
         spec: RegionSpec,
         *,
+        name: str,
         device: torch.device,
         options: BackendOptions,
         compile_args: Mapping[str, int],
@@ -188,8 +346,10 @@ class _RegionRunner:
             device = torch.device("cuda", torch.cuda.current_device())
         self.module, self.spec, self.device, self.options = module, spec, device, options
         self.compile_args = dict(compile_args)
-        self._compiled: dict[int, _Compiled] = {}
+        self._compiled: dict[int, _Compiled] = {}  # by the number of rows compiled (a bucket)
         self._failed: dict[int, str] = {}
+        self.checks = _ErrorChecks(name)
+        self.capture = options.executor is Executor.CUDA and options.cuda_graphs and not options.sync_check
         if options.num_sms is not None:
             self.num_sms = options.num_sms
         elif options.executor is Executor.CUDA:
@@ -198,6 +358,7 @@ class _RegionRunner:
             self.num_sms = 132  # H200: the VM runs any queue count; keep the GPU's schedule
 
     def region(self, batch: int) -> _Compiled:
+        """The region compiled for `batch` rows (a call's bucket, or its exact batch without buckets)."""
         if batch in self._failed:
             raise _CallUnsupported(self._failed[batch])
         if batch not in self._compiled:
@@ -222,34 +383,79 @@ class _RegionRunner:
     @torch.no_grad()
     def run(self, compiled: _Compiled, bound: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run with INPUT and STATE buffers from `bound` (weights come from `compiled`); returns every
-        buffer by name. CUDA: the buffers are the launch's own and are overwritten by the next run."""
+        buffer by name. CUDA: the buffers are the launch's own and are overwritten by the next run; the
+        launch's error is raised by a later run or `checks.wait()` unless sync_check. Raises first an
+        earlier launch's error that has landed since (this call then runs nothing)."""
+        self.checks.poll()
         program = compiled.region.program
         if self.options.executor is Executor.VM:
             tensors = {**compiled.weights, **{n: t.to(self.device) for n, t in bound.items()}}
             return run_program(program, tensors)
-        if compiled.launch is None:
-            compiled.launch = self._bind(compiled, bound)
-        launch = compiled.launch
-        for spec in program.buffers:
-            if spec.kind is BufferKind.INPUT:
-                launch.tensors[spec.name].copy_(bound[spec.name])
-            elif spec.kind is BufferKind.STATE and bound[spec.name].data_ptr() != launch.tensors[spec.name].data_ptr():
-                raise AssertionError(f"{spec.name} moved since the region was bound")  # callers check the cache
-        from tilevox.trt_plugins.megakernel.torch_op import launch_op
+        with torch.cuda.device(self.device):
+            if compiled.launch is None:
+                compiled.launch, compiled.staging = self._bind(compiled, bound)
+            launch = compiled.launch
+            for spec in program.buffers:
+                if (
+                    spec.kind is BufferKind.STATE
+                    and bound[spec.name].data_ptr() != launch.tensors[spec.name].data_ptr()
+                ):
+                    raise AssertionError(f"{spec.name} moved since the region was bound")  # callers check the cache
+            compiled.staging.stage(bound)
+            if self.options.sync_check:
+                return launch_op(launch, check=True)
+            if compiled.graph is not None:
+                compiled.graph.replay()
+            else:
+                launch_op(launch, check=False)
+            self.checks.record(launch.error, program.constants.batch_size)
+            if compiled.graph is None and self.capture:
+                compiled.graph = self._capture(launch)
+            return launch.tensors
 
-        return launch_op(launch, check=True)
+    def _capture(self, launch: BoundLaunch) -> torch.cuda.CUDAGraph:
+        """A CUDA graph of one launch (check=False) of `launch`, captured on a side stream after its first,
+        eager launch: capturing runs nothing, and the bound buffers never move (inputs are staged into them
+        before each replay). Not `with torch.cuda.graph(...)`: its entry synchronises the device and empties
+        the allocator caches (executor.graphs._Graphs._capture says what that cost); this capture needs none
+        of it and allocates nothing."""
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                launch_op(launch, check=False)
+            finally:
+                graph.capture_end()
+        current.wait_stream(side)
+        return graph
 
-    def _bind(self, compiled: _Compiled, bound: Mapping[str, torch.Tensor]):
-        from tilevox.trt_plugins.megakernel.runtime import CudaProgram
-
+    def _bind(self, compiled: _Compiled, bound: Mapping[str, torch.Tensor]) -> tuple[BoundLaunch, _Staging]:
+        """Bind the weights, the caller's STATE tensors (the model's caches, in place) and INPUT buffers laid
+        out in one staging arena: the inputs this call has on the host first (they stay on the host from
+        call to call: the bindings build them there), so each call's pinned copy covers a short prefix."""
+        inputs = [spec for spec in compiled.region.program.buffers if spec.kind is BufferKind.INPUT]
+        inputs.sort(key=lambda spec: bound[spec.name].device.type != "cpu")  # stable: program order within
+        offsets, size = {}, 0
+        for spec in inputs:
+            offsets[spec.name] = size
+            nbytes = math.prod(spec.shape) * TORCH_DTYPES[spec.dtype].itemsize
+            size += -(-nbytes // _ALIGN) * _ALIGN
+        staging = _Staging(arena=torch.empty(max(size, _ALIGN), dtype=torch.uint8, device=self.device))
         tensors = dict(compiled.weights)
+        for spec in inputs:
+            dtype, offset = TORCH_DTYPES[spec.dtype], offsets[spec.name]
+            nbytes = math.prod(spec.shape) * dtype.itemsize
+            buffer = staging.arena[offset : offset + nbytes].view(dtype).view(spec.shape)
+            staging.inputs[spec.name] = (offset, buffer)
+            tensors[spec.name] = buffer
         for spec in compiled.region.program.buffers:
-            if spec.kind is BufferKind.INPUT:  # staging buffers: filled before every launch
-                tensors[spec.name] = torch.empty(spec.shape, dtype=TORCH_DTYPES[spec.dtype], device=self.device)
-            elif spec.kind is BufferKind.STATE:
+            if spec.kind is BufferKind.STATE:
                 tensors[spec.name] = bound[spec.name]
         program = CudaProgram(compiled.region.program, device=self.device, watchdog_s=self.options.watchdog_s)
-        return program.bind(tensors)
+        return program.bind(tensors), staging
 
 
 class _Backend:
@@ -263,6 +469,17 @@ class _Backend:
         self.num_conventional_calls = 0
         self._logged: set[str] = set()
 
+    def _runners(self) -> list[_RegionRunner]:
+        runner = getattr(self, "_runner", None)
+        return [] if runner is None else [runner]
+
+    def check(self) -> None:
+        """Wait for this backend's launches and raise MegakernelWatchdogError / MegakernelFaultError for
+        the first one that recorded an error no call has reported yet. Synchronises the host (tests,
+        debugging, the end of a run); the calls themselves never do (unless sync_check)."""
+        for runner in self._runners():
+            runner.checks.wait()
+
     def _fallback(self, reason: str) -> None:
         self.num_conventional_calls += 1
         if reason not in self._logged:
@@ -273,11 +490,37 @@ class _Backend:
         if batch > self.options.max_batch:
             raise _CallUnsupported(f"batch {batch} exceeds max_batch {self.options.max_batch}")
 
+    def _bucket(self, batch: int, num_slots: int | None = None) -> int:
+        """The rows a call of `batch` rows runs as: its batch bucket, capped at max_batch and at the
+        `num_slots` rows the bound cache holds (a call has distinct rows, so never more), never below
+        `batch`; `batch` itself without buckets or above the largest bucket."""
+        if not self.options.buckets or batch > BATCH_BUCKETS[-1]:
+            return batch
+        limit = self.options.max_batch if num_slots is None else min(self.options.max_batch, num_slots)
+        return max(batch, min(batch_bucket(batch), limit))
+
 
 def _greedy_inputs(batch: int) -> dict[str, torch.Tensor]:
     # The decoder regions end with SAMPLE_EMBED; the models sample on the host from the logits, so the
     # region's own draw (greedy) is discarded.
     return sampling_inputs([SamplingParams.greedy()] * batch, seeds=[0] * batch)
+
+
+def _nh_step_inputs(cache: NhDecoderCache, rows: Sequence[int], x_in: torch.Tensor) -> dict[str, torch.Tensor]:
+    """bindings.nh_decoder_inputs without the weights, with each row's text length from the cache's host
+    copy (`text_lengths`, kept equal to text_lengths_device by write_cross): the bindings gather the
+    device copy with a row index made on the device, a blocking host-to-device copy per call. The caller
+    has checked the rows (allocated, encoder keys/values, room for a position); rows may repeat (padding)."""
+    return {
+        "x_in": x_in,
+        "positions": torch.tensor([cache.lengths[r] for r in rows], dtype=torch.int64),
+        "slots": torch.tensor(list(rows), dtype=torch.int64),
+        "text_lengths": torch.tensor([cache.text_lengths[r] for r in rows], dtype=torch.int64),
+        "k_cache": cache.self_k,
+        "v_cache": cache.self_v,
+        "cross_k_cache": cache.cross_k,
+        "cross_v_cache": cache.cross_v,
+    }
 
 
 class MegakernelDecoderStep(_Backend):
@@ -300,6 +543,7 @@ class MegakernelDecoderStep(_Backend):
             self._runner = _RegionRunner(
                 self.llama,
                 region_spec(DECODER_STEP),
+                name=self.name,
                 device=self.llama.device,
                 options=self.options,
                 compile_args={
@@ -318,19 +562,25 @@ class MegakernelDecoderStep(_Backend):
             slots, token_ids.shape[0]
         ):  # not a fallback: decode raises its own error for these calls
             return self.llama.decode(cache, slots, token_ids)
+        batch = len(slots)
         try:
-            self._check_batch(len(slots))
+            self._check_batch(batch)
             runner = self._runner_for(cache)
-            compiled = runner.region(len(slots))
+            bucket = self._bucket(batch, cache.k.shape[1])
+            compiled = runner.region(bucket)
         except _CallUnsupported as exc:
             self._fallback(str(exc))
             return self.llama.decode(cache, slots, token_ids)
-        bound = {**llama_decode_inputs(compiled.region, cache, slots, token_ids), **_greedy_inputs(len(slots))}
+        # Padding rows repeat row 0: same slot, position and token, so they write row 0's keys/values again.
+        bound = {
+            **llama_decode_inputs(compiled.region, cache, _pad_list(slots, bucket), _pad_rows(token_ids, bucket)),
+            **_greedy_inputs(bucket),
+        }
         out = runner.run(compiled, {n: t for n, t in bound.items() if n not in compiled.weights})
         for slot in slots:
             cache.lengths[slot] += 1
         self.num_megakernel_calls += 1
-        return out["s0.logits"].clone()
+        return out["s0.logits"][:batch].clone()
 
 
 class MegakernelTalkerStep(_Backend):
@@ -354,6 +604,7 @@ class MegakernelTalkerStep(_Backend):
             self._runner = _RegionRunner(
                 self.talker,
                 region_spec(TALKER_STEP),
+                name=self.name,
                 device=self.device,
                 options=self.options,
                 compile_args={
@@ -375,21 +626,23 @@ class MegakernelTalkerStep(_Backend):
                 raise _CallUnsupported("slots given as a slice; the region takes a slot index per row")
             self._check_batch(batch)
             runner = self._runner_for(view.cache)
-            compiled = runner.region(batch)
+            bucket = self._bucket(batch, view.cache.num_slots)
+            compiled = runner.region(bucket)
         except _CallUnsupported as exc:
             self._fallback(str(exc))
             return self.talker.forward_tokens(inputs, view)
+        # Padding rows repeat row 0: same slot, position and input, so they write row 0's keys/values again.
         bound = {
-            "x_in": inputs[:, 0],
-            "positions": view.start.to(torch.int64),
-            "slots": view.slots.to(torch.int64),
+            "x_in": _pad_rows(inputs[:, 0], bucket),
+            "positions": _pad_rows(view.start.to(torch.int64), bucket),
+            "slots": _pad_rows(view.slots.to(torch.int64), bucket),
             "k_cache": view.cache.keys,
             "v_cache": view.cache.values,
-            **_greedy_inputs(batch),
+            **_greedy_inputs(bucket),
         }
         out = runner.run(compiled, bound)
         self.num_megakernel_calls += 1
-        return out["x_normed"].clone(), out["s0.logits"].clone()
+        return out["x_normed"][:batch].clone(), out["s0.logits"][:batch].clone()
 
 
 class MegakernelCodePredictorLoop(_Backend):
@@ -405,9 +658,14 @@ class MegakernelCodePredictorLoop(_Backend):
         _checked_view(predictor)
         self.predictor, self.device = predictor, device
         self._runner = _RegionRunner(
-            predictor, region_spec(CODE_PREDICTOR_LOOP), device=device, options=options, compile_args={}
+            predictor,
+            region_spec(CODE_PREDICTOR_LOOP),
+            name=self.name,
+            device=device,
+            options=options,
+            compile_args={},
         )
-        self._caches: dict[int, KVCache] = {}  # per batch size: every position is written before it is read
+        self._caches: dict[int, KVCache] = {}  # per bucket: every position is written before it is read
 
     def __call__(
         self,
@@ -420,22 +678,31 @@ class MegakernelCodePredictorLoop(_Backend):
         try:
             if len(rows.params) != batch:
                 raise ValueError(f"{len(rows.params)} sampling rows for a batch of {batch}")
+            bucket = self._bucket(batch)
+            # Padding rows repeat row 0 (its hidden state, embedding and sampling) in slots of their own.
             try:
-                sampling = sampling_inputs(rows.params, rows.seeds, rows.rng_offsets)
+                sampling = sampling_inputs(
+                    _pad_list(rows.params, bucket), _pad_list(rows.seeds, bucket), _pad_list(rows.rng_offsets, bucket)
+                )
             except ValueError as exc:  # repetition penalty / min_new_tokens: not in SAMPLE_EMBED
                 raise _CallUnsupported(str(exc)) from exc
             self._check_batch(batch)
-            compiled = self._runner.region(batch)
+            compiled = self._runner.region(bucket)
         except _CallUnsupported as exc:
             self._fallback(str(exc))
             return self.predictor.predict(hidden, code0_embedding, choose)
-        cache = self._caches.get(batch)
+        cache = self._caches.get(bucket)
         if cache is None:
-            cache = self._caches[batch] = self.predictor.new_cache(batch)
-        bound = {**code_predictor_inputs(compiled.region, cache, hidden, code0_embedding), **sampling}
+            cache = self._caches[bucket] = self.predictor.new_cache(bucket)
+        bound = {
+            **code_predictor_inputs(
+                compiled.region, cache, _pad_rows(hidden, bucket), _pad_rows(code0_embedding, bucket)
+            ),
+            **sampling,
+        }
         out = self._runner.run(compiled, {n: t for n, t in bound.items() if n not in compiled.weights})
         self.num_megakernel_calls += 1
-        return torch.stack([out[f"s{head + 1}.tokens"] for head in range(self.predictor.num_steps)], dim=1)
+        return torch.stack([out[f"s{head + 1}.tokens"][:batch] for head in range(self.predictor.num_steps)], dim=1)
 
 
 class MegakernelNhDecoderStep(_Backend):
@@ -460,6 +727,7 @@ class MegakernelNhDecoderStep(_Backend):
             self._runner = _RegionRunner(
                 self.network,
                 region_spec(NH_DECODER_STEP),
+                name=self.name,
                 device=self.network.device,
                 options=self.options,
                 compile_args={
@@ -488,19 +756,21 @@ class MegakernelNhDecoderStep(_Backend):
                 raise _CallUnsupported(f"cache rows {empty} have no encoder keys/values (text length 0)")
             self._check_batch(batch)
             runner = self._runner_for(cache)
-            compiled = runner.region(batch)
+            bucket = self._bucket(batch, cache.max_rows)
+            compiled = runner.region(bucket)
         except _CallUnsupported as exc:
             self._fallback(str(exc))
             return self.network.step(cache, rows, codes)
         with torch.no_grad():
             x_in = self.network.decoder.embeddings(codes)[:, 0]
-        bound = nh_decoder_inputs(compiled.region, cache, rows, x_in)
-        out = runner.run(compiled, {n: t for n, t in bound.items() if n not in compiled.weights})
+        # Padding rows repeat row 0: same cache row, position, text length and input (row 0's keys/values).
+        bound = _nh_step_inputs(cache, _pad_list(rows, bucket), _pad_rows(x_in, bucket))
+        out = runner.run(compiled, bound)
         for row in rows:
             cache.lengths[row] += 1
         self.num_megakernel_calls += 1
         dec = self.network.config.decoder
-        return out["s0.logits"].view(batch, dec.num_channels, dec.vocab_size).clone()
+        return out["s0.logits"][:batch].view(batch, dec.num_channels, dec.vocab_size).clone()
 
 
 # Region name (models.region_backends) -> the backend class that runs it; each takes the region's network.
