@@ -21,8 +21,11 @@ channels + channel)) runs as one graph per batch bucket (executor.sampling.nh_pi
 `GraphOptions(compile=True)` compiles each backend's function with torch.compile (Inductor, fullgraph)
 before its first capture; batch rows and key/history lengths are marked dynamic (a length enters as the
 size of a `_span` tensor), so a backend compiles about twice (batch 1, then any batch) rather than once
-per bucket. `GraphOptions(capture=False)`, or a CPU model, runs exactly the same code eagerly: the CPU
-reference.
+per bucket. Compiled regions write their KV caches through `tilevox::write_kv_cache` (models.kv_cache_write),
+which Inductor keeps in place on the cache itself: the models' plain indexed writes, functionalized, may be
+compiled into a copy of the whole cache per call (28 GiB for Qwen3-TTS-0.6B's 256-stream cache). The codec
+decode is captured but never compiled, so its slot-indexed state pool is only ever written in place.
+`GraphOptions(capture=False)`, or a CPU model, runs exactly the same code eagerly: the CPU reference.
 A call a backend cannot take (a prefill of several positions, a batch above max_batch, predictor
 sampling with a repetition penalty, another KV cache) runs the conventional path and the reason is
 logged once on the "tilevox.executor" logger. Imports: torch, models, this package.

@@ -4,7 +4,7 @@
 slot and a length. `LlamaForCausalLM.prefill` appends a prompt to one slot, `decode` appends one token
 to each of several slots that sit at different positions (keys past a stream's own position are
 masked). Module and parameter names equal transformers' so checkpoints load by name.
-Imports: torch, models.{layers,host_copy,decoder_view} and models.llama.config only.
+Imports: torch, models.{layers,host_copy,decoder_view,kv_cache_write} and models.llama.config only.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch import nn
 
 from tilevox.models.decoder_view import DecoderView, LayerWeights, ModelFamily
 from tilevox.models.host_copy import to_device
+from tilevox.models.kv_cache_write import write_kv_cache
 from tilevox.models.layers import GatedMLP, RMSNorm, gather_keys, slot_attention, slot_attention_supported
 from tilevox.models.llama.config import LlamaConfig
 
@@ -172,12 +173,16 @@ class LlamaAttention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
 
-        # Written through the whole cache (layer as an index, not a view): a compiled step then updates it
-        # in place instead of copying the layer. Advanced indices split by a slice put the broadcast
-        # (B, T) dims first: targets are (B, T, Hkv, D).
-        layer = cache.layer_ids[self.layer_idx : self.layer_idx + 1, None]
-        cache.k[layer, slots[:, None], :, positions] = k.transpose(1, 2)
-        cache.v[layer, slots[:, None], :, positions] = v
+        if torch.compiler.is_compiling():
+            # Through the op a compiled graph keeps in place (models.kv_cache_write): an indexed write is
+            # functionalized into a scatter of the cache that Inductor may leave as a copy of all of it.
+            write_kv_cache(cache.k, cache.v, self.layer_idx, slots, positions, k, v.transpose(1, 2))
+        else:
+            # Written through the whole cache, the layer as an index: advanced indices split by a slice put
+            # the broadcast (B, T) dims first: targets are (B, T, Hkv, D).
+            layer = cache.layer_ids[self.layer_idx : self.layer_idx + 1, None]
+            cache.k[layer, slots[:, None], :, positions] = k.transpose(1, 2)
+            cache.v[layer, slots[:, None], :, positions] = v
         k_layer, v_layer = cache.k[self.layer_idx], cache.v[self.layer_idx]  # (slots, Hkv, S_max, D)
         num_keys = key_mask.shape[-1]
         if seq == 1 and slot_attention_supported(q, k_layer):

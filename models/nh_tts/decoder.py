@@ -9,7 +9,7 @@ owns two rows (conditional text, unconditional text); rows of different streams 
 positions and text lengths (each row's keys past its own position or text length are masked).
 `NhTtsNetwork.decoder_view()` hands the decoder step to a region compiler (models.decoder_view, family
 NH_TTS): the summed embeddings are the region's input, the cross caches are read where they lie.
-Imports: torch, models.{layers,decoder_view}, models.nh_tts.{config,encoder}.
+Imports: torch, models.{layers,decoder_view,kv_cache_write}, models.nh_tts.{config,encoder}.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tilevox.models.decoder_view import (
     LayerWeights,
     ModelFamily,
 )
+from tilevox.models.kv_cache_write import write_kv_cache
 from tilevox.models.layers import RMSNorm
 from tilevox.models.nh_tts.config import NhDecoderConfig, NhTtsConfig
 from tilevox.models.nh_tts.encoder import (
@@ -216,8 +217,14 @@ class NhDecoder(nn.Module):
             k, v = attn.keys_values(h)
             k = apply_rope(k, cos, sin)
             layer_k, layer_v = cache.self_k[layer_id], cache.self_v[layer_id]
-            layer_k[index[:, None], :, positions] = k.transpose(1, 2).to(layer_k.dtype)
-            layer_v[index[:, None], :, positions] = v.transpose(1, 2).to(layer_v.dtype)
+            if torch.compiler.is_compiling():
+                # Through the op a compiled graph keeps in place (models.kv_cache_write): this indexed write
+                # into a layer's view is functionalized into a scatter that Inductor leaves as a copy.
+                dtype = cache.self_k.dtype
+                write_kv_cache(cache.self_k, cache.self_v, layer_id, index, positions, k.to(dtype), v.to(dtype))
+            else:
+                layer_k[index[:, None], :, positions] = k.transpose(1, 2).to(layer_k.dtype)
+                layer_v[index[:, None], :, positions] = v.transpose(1, 2).to(layer_v.dtype)
             keys, values = layer_k[index, :, :num_keys], layer_v[index, :, :num_keys]
             x = x + attn.o_proj(attend(q, keys, values, self_mask))
             h = layer.pre_ca_norm(x)

@@ -6,7 +6,7 @@ applied as transformers' rope init functions: rope_inv_freq), GQA attention
 (softmax in fp32), SwiGLU. `KVCache` holds (layers, slots, kv_heads, max_len, head_dim) keys and
 values; a `CacheView` tells one forward which slots it touches and where each row writes, so
 streams at different positions step together in one batched forward.
-Imports: torch and models.layers only.
+Imports: torch, models.{layers,decoder_view,kv_cache_write} and models.qwen3_tts.config only.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tilevox.models.decoder_view import LayerWeights
+from tilevox.models.kv_cache_write import write_kv_cache
 from tilevox.models.layers import GatedMLP, RMSNorm, gather_keys, slot_attention, slot_attention_supported
 from tilevox.models.qwen3_tts.config import TransformerConfig
 
@@ -112,7 +113,7 @@ class KVCache:
         shape = (config.num_layers, num_slots, config.num_kv_heads, max_len, config.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.layer_ids = torch.arange(config.num_layers, device=device)  # see CacheView.update
+        self.layer_ids = torch.arange(config.num_layers, device=device)  # see CacheView.write
         self.num_slots = num_slots
         self.max_len = max_len
 
@@ -141,16 +142,19 @@ class CacheView:
 
     def write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write k/v (B, KV, T, D) at each row's positions."""
-        keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]  # (N, KV, S, D)
         num_new = k.shape[2]
-        if num_new == 1:
-            slots = (
-                self.slots
-                if isinstance(self.slots, torch.Tensor)
-                else torch.arange(self.slots.start, self.slots.stop, device=k.device)
+        if torch.compiler.is_compiling():
+            # Through the op a compiled graph keeps in place (models.kv_cache_write); the indexed writes
+            # below would be functionalized into a scatter that may copy the whole cache per call.
+            write_kv_cache(
+                self.cache.keys, self.cache.values, layer_idx, self._slot_ids(k.device), self._positions(num_new), k, v
             )
-            # Written through the whole cache (layer as an index, not a view): a compiled step then updates
-            # it in place instead of copying the layer. Advanced indices first: targets (B, KV, D).
+            return
+        keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]  # (N, KV, S, D)
+        if num_new == 1:
+            slots = self._slot_ids(k.device)
+            # Written through the whole cache, the layer as an index: one index_put of (B, KV, D) targets
+            # (advanced indices first).
             layer = self.cache.layer_ids[layer_idx : layer_idx + 1]
             self.cache.keys[layer, slots, :, self.start] = k[:, :, 0]
             self.cache.values[layer, slots, :, self.start] = v[:, :, 0]
@@ -161,6 +165,21 @@ class CacheView:
             first = self.write_offset
             keys[self.slots, :, first : first + num_new] = k
             values[self.slots, :, first : first + num_new] = v
+
+    def _slot_ids(self, device: torch.device) -> torch.Tensor:
+        """slots as a (B,) long tensor."""
+        if isinstance(self.slots, torch.Tensor):
+            return self.slots
+        return torch.arange(self.slots.start, self.slots.stop, device=device)
+
+    def _positions(self, num_new: int) -> torch.Tensor:
+        """(B, T) long: where each row's T new keys go (start for one, write_offset + t for several)."""
+        if num_new == 1:
+            return self.start[:, None]
+        if self.write_offset is None:
+            raise ValueError("multi-token cache writes need write_offset (the rows' common start)")
+        offsets = self.write_offset + torch.arange(num_new, device=self.start.device)
+        return offsets[None].expand(self.start.shape[0], num_new)
 
     def mask(self, num_new: int) -> torch.Tensor:
         """(B, 1, T, kv_len) bool: key j is visible to new token t of row b iff j <= start[b] + t."""
