@@ -34,6 +34,12 @@ ln -sf "$PWD/tilevox/__init__.py" "$shim/__init__.py"
 for folder in trt_plugins models executor engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
 repo=$PWD
 export PYTHONPATH=/tmp/tilevox-src:/tmp/site:$repo PYTHONUNBUFFERED=1
+# The carried kernel library, for every part (megakernel regions in synth/bench/pytest need it; without it they
+# stay on the conventional path with a warning). `--fused-swiglu auto` picks PyTorch for every tilevox shape on
+# the H200, so the library changes no conventional path.
+if [ -z "${TILEVOX_KERNELS_LIB:-}" ] && [ -f "$repo/.kernels/libtilevox_kernels.so" ]; then
+  export TILEVOX_KERNELS_LIB=$repo/.kernels/libtilevox_kernels.so
+fi
 cd /tmp/tilevox-src  # not the repo root: its tilevox/ (the namespace's __init__ alone) would shadow the shim
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u +%FT%TZ; echo "commit ${TILEVOX_COMMIT:-unknown}"; } > "$OUT/gpu.txt"
 while [ $# -gt 0 ]; do
