@@ -19,6 +19,7 @@ import riva.client
 from websockets.asyncio.client import connect
 
 from tests.server.conftest import make_server
+from tests.server.ws_client import ws_synthesize
 from tilevox.models.registry import load_model
 from tilevox.models.streaming import SynthesisRequest, synthesize
 from tilevox.server.audio import float_to_pcm16
@@ -82,23 +83,9 @@ def test_same_request_and_seed_gives_same_samples_through_every_api(tiny_server,
     online = tts.synthesize_online(text, sample_rate_hz=16000, custom_configuration=custom)
     got["riva synthesize_online"] = np.frombuffer(b"".join(r.audio for r in online), "<i2")
 
-    async def ws_run():
-        async with connect(f"ws://127.0.0.1:{tiny_server.http_port}/v1/audio/speech/stream") as ws:
-            await ws.send(
-                json.dumps({"type": "config", "response_format": "pcm", "seed": seed, "max_duration_s": MAX_DURATION_S})
-            )
-            for piece in (text[:7], text[7:15], text[15:]):
-                await ws.send(json.dumps({"type": "text", "text": piece}))
-            await ws.send(json.dumps({"type": "flush"}))
-            audio = bytearray()
-            while True:
-                msg = await asyncio.wait_for(ws.recv(), timeout=30)
-                if isinstance(msg, bytes):
-                    audio += msg
-                elif json.loads(msg)["type"] == "done":
-                    return bytes(audio)
-
-    got["websocket"] = np.frombuffer(asyncio.run(ws_run()), "<i2")
+    config = {"response_format": "pcm", "seed": seed, "max_duration_s": MAX_DURATION_S}
+    ws_audio, _ = asyncio.run(ws_synthesize(tiny_server.http_port, (text[:7], text[7:15], text[15:]), config))
+    got["websocket"] = np.frombuffer(ws_audio, "<i2")
     for api, samples in got.items():
         np.testing.assert_array_equal(samples, expected, err_msg=api)
 

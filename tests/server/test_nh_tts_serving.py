@@ -6,7 +6,6 @@ native and resampled to what a client asks."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import numpy as np
@@ -15,9 +14,9 @@ import pytest
 import riva.client
 import soxr
 from riva.client.proto import riva_tts_pb2
-from websockets.asyncio.client import connect
 
 from tests.server.conftest import make_server
+from tests.server.ws_client import ws_synthesize
 from tilevox.models.registry import load_model
 from tilevox.models.streaming import SynthesisRequest, synthesize
 from tilevox.server.audio import float_to_pcm16
@@ -77,22 +76,9 @@ def test_every_front_end_serves_the_solo_samples_at_44_1_khz(nh_server, referenc
     online = tts.synthesize_online(text, sample_rate_hz=44100, custom_configuration=custom)
     got["riva synthesize_online"] = np.frombuffer(b"".join(r.audio for r in online), "<i2")
 
-    async def ws_run():
-        async with connect(f"ws://127.0.0.1:{nh_server.http_port}/v1/audio/speech/stream") as ws:
-            await ws.send(
-                json.dumps({"type": "config", "response_format": "pcm", "seed": seed, "max_duration_s": MAX_DURATION_S})
-            )
-            await ws.send(json.dumps({"type": "text", "text": text}))
-            await ws.send(json.dumps({"type": "flush"}))
-            audio = bytearray()
-            while True:
-                msg = await asyncio.wait_for(ws.recv(), timeout=60)
-                if isinstance(msg, bytes):
-                    audio += msg
-                elif json.loads(msg)["type"] == "done":
-                    return bytes(audio)
-
-    got["websocket"] = np.frombuffer(asyncio.run(ws_run()), "<i2")
+    config = {"response_format": "pcm", "seed": seed, "max_duration_s": MAX_DURATION_S}
+    ws_audio, _ = asyncio.run(ws_synthesize(nh_server.http_port, (text,), config, recv_timeout=60))
+    got["websocket"] = np.frombuffer(ws_audio, "<i2")
     # The same codes, so the same samples up to float rounding of the DAC (one int16 step; another code anywhere
     # would differ by far more). Every surface gets the same samples as every other.
     for api, samples in got.items():

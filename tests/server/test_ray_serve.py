@@ -24,12 +24,11 @@ import pytest
 import riva.client
 
 from tests.server.conftest import free_port, make_server
+from tests.server.ws_client import ws_synthesize
 from tilevox.models.registry import load_model
 
 ray = pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'tilevox[ray]')")
 serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'tilevox[ray]')")
-
-from websockets.asyncio.client import connect  # noqa: E402
 
 from tilevox.server.ray_serve import APP_NAME, RayOptions, build_app  # noqa: E402
 
@@ -170,24 +169,11 @@ def _every_surface(http_url: str, http_port: int, grpc_target: str) -> dict[str,
     online = tts.synthesize_online(TEXT, sample_rate_hz=16000, custom_configuration=custom)
     got["riva synthesize_online"] = np.frombuffer(b"".join(r.audio for r in online), "<i2")
 
-    async def ws_run() -> bytes:
-        async with connect(f"ws://127.0.0.1:{http_port}/v1/audio/speech/stream", open_timeout=30) as ws:
-            config = {"type": "config", "response_format": "pcm", "seed": SEED, "max_duration_s": MAX_DURATION_S}
-            await ws.send(json.dumps(config))
-            for piece in (TEXT[:7], TEXT[7:15], TEXT[15:]):
-                await ws.send(json.dumps({"type": "text", "text": piece}))
-            await ws.send(json.dumps({"type": "flush"}))
-            audio = bytearray()
-            while True:
-                message = await asyncio.wait_for(ws.recv(), timeout=30)
-                if isinstance(message, bytes):
-                    audio += message
-                elif json.loads(message)["type"] == "done":
-                    return bytes(audio)
-                elif json.loads(message)["type"] == "error":
-                    raise AssertionError(message)
-
-    got["websocket"] = np.frombuffer(asyncio.run(ws_run()), "<i2")
+    config = {"response_format": "pcm", "seed": SEED, "max_duration_s": MAX_DURATION_S}
+    ws_audio, _ = asyncio.run(
+        ws_synthesize(http_port, (TEXT[:7], TEXT[7:15], TEXT[15:]), config, open_timeout=30, fail_types=("error",))
+    )
+    got["websocket"] = np.frombuffer(ws_audio, "<i2")
     return got
 
 
@@ -342,19 +328,15 @@ def test_a_replica_killed_mid_stream_ends_its_streams_with_clear_errors(cluster)
     ws_started, grpc_started = threading.Event(), threading.Event()
 
     async def ws_session() -> None:
-        async with connect(f"ws://127.0.0.1:{cluster.http_port}/v1/audio/speech/stream", open_timeout=30) as ws:
-            await ws.send(json.dumps({"type": "config", "response_format": "pcm", "max_duration_s": 60}))
-            await ws.send(json.dumps({"type": "text", "text": "A long phrase."}))
-            await ws.send(json.dumps({"type": "flush"}))
-            while True:
-                message = await asyncio.wait_for(ws.recv(), timeout=30)
-                if isinstance(message, bytes):
-                    ws_started.set()
-                    continue
-                event = json.loads(message)
-                if event["type"] in ("error", "done"):
-                    outcome["ws"] = event
-                    return
+        _, events = await ws_synthesize(
+            cluster.http_port,
+            ("A long phrase.",),
+            {"response_format": "pcm", "max_duration_s": 60},
+            open_timeout=30,
+            end_types=("error", "done"),
+            on_audio=lambda _chunk: ws_started.set(),
+        )
+        outcome["ws"] = events[-1]
 
     def grpc_stream() -> None:
         tts = riva.client.SpeechSynthesisService(riva.client.Auth(uri=f"127.0.0.1:{cluster.grpc_port}"))

@@ -214,6 +214,81 @@ int32_t synchronizeStream(void* stream, std::string& detail) {
   return status;
 }
 
+/* The TensorRT side both harness entry points share: the lean runtime dlopened, a plugin registry (the
+ * library-global one or an IRuntime's), the plugin library loaded into it and the creator looked up by
+ * (name, version, namespace). */
+struct LeanRegistry {
+  IRuntime* runtime = nullptr;  // null with the global registry; the caller deletes it after deregisterLibrary
+  IPluginRegistry* registry = nullptr;
+  IPluginRegistry::PluginLibraryHandle libHandle = nullptr;
+  IPluginCreatorInterface* creator = nullptr;  // may be null: the caller checks it
+  CollectingLogger* reportLogger = nullptr;    // on failure, the logger whose messages the report carries (or null)
+};
+
+/* Every step is a `check` (PASS/FAIL line of `log`); `logger` is the caller's process-lifetime logger, reset here.
+ * Returns true when the plugin library is loaded (the wrong-namespace lookup is only checked, a null `creator` is
+ * left to the caller); false after a failed step, with nothing left to release and `out.reportLogger` set.
+ * logVersions: also log the headers' and the lean library's TensorRT versions before loading the library. */
+template <typename Check>
+bool openLeanRegistry(char const* leanLib, char const* pluginLib, char const* name, char const* version,
+                      char const* pluginNamespace, bool useGlobalRegistry, bool logVersions, CollectingLogger& logger,
+                      std::ostringstream& log, Check& check, LeanRegistry& out) {
+  out = LeanRegistry{};
+  void* lean = dlopen(leanLib, RTLD_NOW | RTLD_GLOBAL);
+  if (!check(lean != nullptr, std::string("dlopen lean runtime ") + leanLib)) {
+    log << dlerror() << "\n";
+    return false;
+  }
+  logger.messages.str("");
+  logger.errored = false;
+  IRuntime* runtime = nullptr;
+  IPluginRegistry* registryPtr = nullptr;
+  if (useGlobalRegistry) {
+    using GetRegistry = IPluginRegistry* (*)();
+    auto getRegistry = reinterpret_cast<GetRegistry>(dlsym(lean, "getPluginRegistry"));
+    registryPtr = getRegistry != nullptr ? getRegistry() : nullptr;
+    if (!check(registryPtr != nullptr, "lean library's global getPluginRegistry()")) {
+      out.reportLogger = &logger;
+      return false;
+    }
+  } else {
+    using CreateRuntime = void* (*)(void*, int32_t);
+    auto createRuntime = reinterpret_cast<CreateRuntime>(dlsym(lean, "createInferRuntime_INTERNAL"));
+    if (!check(createRuntime != nullptr, "lean runtime exports createInferRuntime_INTERNAL")) return false;
+    void* created = createRuntime(&logger, NV_TENSORRT_VERSION);
+    // Without a usable CUDA driver the lean library logs an error and returns an unusable pointer: trust the log.
+    if (!check(created != nullptr && !logger.errored, "createInferRuntime")) {
+      out.reportLogger = &logger;
+      return false;
+    }
+    runtime = static_cast<IRuntime*>(created);
+    registryPtr = &runtime->getPluginRegistry();
+  }
+  if (logVersions) {
+    using LibVersion = int32_t (*)();
+    if (auto v = reinterpret_cast<LibVersion>(dlsym(lean, "getInferLibMajorVersion"))) {
+      auto minor = reinterpret_cast<LibVersion>(dlsym(lean, "getInferLibMinorVersion"));
+      log << "INFO headers " << NV_TENSORRT_MAJOR << "." << NV_TENSORRT_MINOR << ", lean library " << v() << "."
+          << (minor ? minor() : -1) << "\n";
+    }
+  }
+
+  IPluginRegistry& registry = *registryPtr;
+  IPluginRegistry::PluginLibraryHandle libHandle = registry.loadLibrary(pluginLib);
+  if (!check(libHandle != nullptr, std::string("registry.loadLibrary ") + pluginLib)) {
+    delete runtime;
+    out.reportLogger = &logger;
+    return false;
+  }
+  check(registry.getCreator(name, version, "no_such_namespace") == nullptr,
+        "lookup with a wrong namespace finds nothing");
+  out.runtime = runtime;
+  out.registry = registryPtr;
+  out.libHandle = libHandle;
+  out.creator = registry.getCreator(name, version, pluginNamespace);
+  return true;
+}
+
 }  // namespace
 
 extern "C" {
@@ -293,47 +368,16 @@ __attribute__((visibility("default"))) int32_t tilevox_harness_run(tilevox_harne
     return failures == 0 ? 0 : 1;
   };
 
-  void* lean = dlopen(c->lean_lib, RTLD_NOW | RTLD_GLOBAL);
-  if (!check(lean != nullptr, std::string("dlopen lean runtime ") + c->lean_lib)) {
-    log << dlerror() << "\n";
-    return finish(nullptr);
-  }
   static CollectingLogger logger;  // TensorRT keeps the logger for the process lifetime
-  logger.messages.str("");
-  logger.errored = false;
-  IRuntime* runtime = nullptr;
-  IPluginRegistry* registryPtr = nullptr;
-  if (c->use_global_registry) {
-    using GetRegistry = IPluginRegistry* (*)();
-    auto getRegistry = reinterpret_cast<GetRegistry>(dlsym(lean, "getPluginRegistry"));
-    registryPtr = getRegistry != nullptr ? getRegistry() : nullptr;
-    if (!check(registryPtr != nullptr, "lean library's global getPluginRegistry()")) return finish(&logger);
-  } else {
-    using CreateRuntime = void* (*)(void*, int32_t);
-    auto createRuntime = reinterpret_cast<CreateRuntime>(dlsym(lean, "createInferRuntime_INTERNAL"));
-    if (!check(createRuntime != nullptr, "lean runtime exports createInferRuntime_INTERNAL")) return finish(nullptr);
-    void* created = createRuntime(&logger, NV_TENSORRT_VERSION);
-    // Without a usable CUDA driver the lean library logs an error and returns an unusable pointer: trust the log.
-    if (!check(created != nullptr && !logger.errored, "createInferRuntime")) return finish(&logger);
-    runtime = static_cast<IRuntime*>(created);
-    registryPtr = &runtime->getPluginRegistry();
+  LeanRegistry lean;
+  if (!openLeanRegistry(c->lean_lib, c->plugin_lib, c->plugin_name, c->plugin_version, c->plugin_namespace,
+                        c->use_global_registry != 0, /*logVersions=*/true, logger, log, check, lean)) {
+    return finish(lean.reportLogger);
   }
-  using LibVersion = int32_t (*)();
-  if (auto v = reinterpret_cast<LibVersion>(dlsym(lean, "getInferLibMajorVersion"))) {
-    auto minor = reinterpret_cast<LibVersion>(dlsym(lean, "getInferLibMinorVersion"));
-    log << "INFO headers " << NV_TENSORRT_MAJOR << "." << NV_TENSORRT_MINOR << ", lean library " << v() << "."
-        << (minor ? minor() : -1) << "\n";
-  }
-
-  IPluginRegistry& registry = *registryPtr;
-  IPluginRegistry::PluginLibraryHandle libHandle = registry.loadLibrary(c->plugin_lib);
-  if (!check(libHandle != nullptr, std::string("registry.loadLibrary ") + c->plugin_lib)) {
-    delete runtime;
-    return finish(&logger);
-  }
-  check(registry.getCreator(c->plugin_name, c->plugin_version, "no_such_namespace") == nullptr,
-        "lookup with a wrong namespace finds nothing");
-  IPluginCreatorInterface* iface = registry.getCreator(c->plugin_name, c->plugin_version, c->plugin_namespace);
+  IRuntime* runtime = lean.runtime;
+  IPluginRegistry& registry = *lean.registry;
+  IPluginRegistry::PluginLibraryHandle libHandle = lean.libHandle;
+  IPluginCreatorInterface* iface = lean.creator;
   IPluginV3* buildPlugin = nullptr;
   IPluginV3* runtimePlugin = nullptr;
   IPluginV3* attached = nullptr;
@@ -543,41 +587,16 @@ __attribute__((visibility("default"))) int32_t tilevox_harness_run_plugin(tilevo
     return finish(nullptr);
   }
 
-  void* lean = dlopen(c->lean_lib, RTLD_NOW | RTLD_GLOBAL);
-  if (!check(lean != nullptr, std::string("dlopen lean runtime ") + c->lean_lib)) {
-    log << dlerror() << "\n";
-    return finish(nullptr);
-  }
   static CollectingLogger logger;  // TensorRT keeps the logger for the process lifetime
-  logger.messages.str("");
-  logger.errored = false;
-  IRuntime* runtime = nullptr;
-  IPluginRegistry* registryPtr = nullptr;
-  if (c->use_global_registry) {
-    using GetRegistry = IPluginRegistry* (*)();
-    auto getRegistry = reinterpret_cast<GetRegistry>(dlsym(lean, "getPluginRegistry"));
-    registryPtr = getRegistry != nullptr ? getRegistry() : nullptr;
-    if (!check(registryPtr != nullptr, "lean library's global getPluginRegistry()")) return finish(&logger);
-  } else {
-    using CreateRuntime = void* (*)(void*, int32_t);
-    auto createRuntime = reinterpret_cast<CreateRuntime>(dlsym(lean, "createInferRuntime_INTERNAL"));
-    if (!check(createRuntime != nullptr, "lean runtime exports createInferRuntime_INTERNAL")) return finish(nullptr);
-    void* created = createRuntime(&logger, NV_TENSORRT_VERSION);
-    // Without a usable CUDA driver the lean library logs an error and returns an unusable pointer: trust the log.
-    if (!check(created != nullptr && !logger.errored, "createInferRuntime")) return finish(&logger);
-    runtime = static_cast<IRuntime*>(created);
-    registryPtr = &runtime->getPluginRegistry();
+  LeanRegistry lean;
+  if (!openLeanRegistry(c->lean_lib, c->plugin_lib, c->plugin_name, c->plugin_version, c->plugin_namespace,
+                        c->use_global_registry != 0, /*logVersions=*/false, logger, log, check, lean)) {
+    return finish(lean.reportLogger);
   }
-
-  IPluginRegistry& registry = *registryPtr;
-  IPluginRegistry::PluginLibraryHandle libHandle = registry.loadLibrary(c->plugin_lib);
-  if (!check(libHandle != nullptr, std::string("registry.loadLibrary ") + c->plugin_lib)) {
-    delete runtime;
-    return finish(&logger);
-  }
-  check(registry.getCreator(c->plugin_name, c->plugin_version, "no_such_namespace") == nullptr,
-        "lookup with a wrong namespace finds nothing");
-  IPluginCreatorInterface* iface = registry.getCreator(c->plugin_name, c->plugin_version, c->plugin_namespace);
+  IRuntime* runtime = lean.runtime;
+  IPluginRegistry& registry = *lean.registry;
+  IPluginRegistry::PluginLibraryHandle libHandle = lean.libHandle;
+  IPluginCreatorInterface* iface = lean.creator;
   IPluginV3* buildPlugin = nullptr;
   IPluginV3* runtimePlugin = nullptr;
   IPluginV3* attached = nullptr;
