@@ -223,50 +223,35 @@ class LlamaConfig:
         return LLAMA_PRESETS[name]
 
 
+# meta-llama/Llama-3.2-1B itself: its config.json (hidden 2048, 16 layers, 32 heads, 8 KV heads, head_dim 64,
+# intermediate 8192, rms_norm_eps 1e-5, rope_theta 500000 with llama3 scaling factor 32 / low 1 / high 4 /
+# original 8192, 131072 positions, no biases), 128,256 tokens, the head TIED to the embedding table:
+# 1,235,814,400 parameters.
+_LLAMA_3_2_1B = LlamaConfig(
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    rope_type="llama3",
+    rope_factor=32.0,
+    rope_low_freq_factor=1.0,
+    rope_high_freq_factor=4.0,
+    rope_original_max_position_embeddings=8192,
+    tie_word_embeddings=True,
+)
+
 LLAMA_PRESETS: dict[str, LlamaConfig] = {
     # Llama-3.2-1B shapes with Llasa-1B's vocabulary: 128256 Llama tokens + 8 Llasa markers + 65536
     # speech tokens = 193800. Untied: Llasa's single 3.53 GB bf16 safetensors is 1.77 B parameters,
     # which only adds up with a separate lm_head (tied would be 1.37 B, 2.74 GB).
-    "1b": LlamaConfig(
-        vocab_size=193800,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_type="llama3",
-        rope_factor=32.0,
-        rope_low_freq_factor=1.0,
-        rope_high_freq_factor=4.0,
-        rope_original_max_position_embeddings=8192,
-        tie_word_embeddings=False,
-    ),
-    # meta-llama/Llama-3.2-1B itself: its config.json (hidden 2048, 16 layers, 32 heads, 8 KV heads, head_dim 64,
-    # intermediate 8192, rms_norm_eps 1e-5, rope_theta 500000 with llama3 scaling factor 32 / low 1 / high 4 /
-    # original 8192, 131072 positions, no biases). It differs from "1b" only in the vocabulary (Llama's own
-    # 128,256 tokens) and the head, which is TIED to the embedding table: 1,235,814,400 parameters.
-    "3.2-1b": LlamaConfig(
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_type="llama3",
-        rope_factor=32.0,
-        rope_low_freq_factor=1.0,
-        rope_high_freq_factor=4.0,
-        rope_original_max_position_embeddings=8192,
-        tie_word_embeddings=True,
-    ),
+    "1b": replace(_LLAMA_3_2_1B, vocab_size=193800, tie_word_embeddings=False),
+    "3.2-1b": _LLAMA_3_2_1B,
     # Small enough for CPU tests; llama3 scaling with a short original context so that all three
     # frequency bands (kept, smoothed, divided) occur at head_dim 16.
     "tiny": LlamaConfig(
