@@ -23,7 +23,7 @@ import torch
 
 from benchmarks.megakernel_conventional import LLAMA_VARIANTS, fp32_twin, o1_random_llama
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
-from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
+from tilevox.executor.megakernel_inputs import llama_decode_inputs, sampling_inputs
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.sampling import SamplingParams
 from tilevox.trt_plugins.megakernel import BufferKind, Program, run_program

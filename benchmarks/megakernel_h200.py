@@ -34,7 +34,7 @@ from benchmarks.megakernel_conventional import (
 from benchmarks.megakernel_correctness import Launcher
 from benchmarks.timing import capture, copy_bandwidth_gbs, median_ms
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
-from tilevox.engine_builder.regions.bindings import code_predictor_inputs, llama_decode_inputs, sampling_inputs
+from tilevox.executor.megakernel_inputs import code_predictor_inputs, llama_decode_inputs, sampling_inputs
 from tilevox.models.qwen3_tts.talker import Talker
 from tilevox.models.sampling import SamplingParams
 

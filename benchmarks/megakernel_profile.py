@@ -17,7 +17,7 @@ import torch
 
 from benchmarks.timing import capture, median_ms
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
-from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
+from tilevox.executor.megakernel_inputs import llama_decode_inputs, sampling_inputs
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import random_llama
 from tilevox.models.sampling import SamplingParams

@@ -41,9 +41,10 @@ from tilevox.engine_builder.composition import (
 from tilevox.engine_builder.plan import BucketPlan, Plan, PlanError, Provenance
 from tilevox.engine_builder.profile import region_times, step_time_ms, this_machine
 from tilevox.engine_builder.profile_cache import ProfileCache, model_signature
-from tilevox.engine_builder.regions.backends import BackendOptions, MegakernelUnavailable, make_backend
+from tilevox.engine_builder.regions import region_compiler
 from tilevox.executor.dispatch import BucketDispatch
 from tilevox.executor.graphs import GRAPH_BACKENDS, GraphOptions, install_graph_regions
+from tilevox.executor.megakernel import BackendOptions, MegakernelUnavailable, make_backend
 from tilevox.models.region_backends import call_batch, executor_region_names, region_module, set_region_backend
 
 __all__ = [
@@ -101,6 +102,12 @@ def install_composition(model, composition: Composition, megakernel: BackendOpti
         set_region_backend(model, piece.region, backend)
 
 
+def _with_compiler(options: BackendOptions | None) -> BackendOptions:
+    """`options` (None: the defaults) with this package's region compiler where they name none."""
+    options = options or BackendOptions()
+    return options if options.compiler is not None else dataclasses.replace(options, compiler=region_compiler())
+
+
 def build_plan(
     model,
     model_id: str,
@@ -120,7 +127,7 @@ def build_plan(
     and the bucket takes the fastest measured one (its prediction error is in the report). With `cache`
     (see `profile_cache_for`), a measurement stored by an earlier build of the same model on the same machine
     is reused instead of run again; new ones are added (the caller saves the cache)."""
-    megakernel = megakernel or BackendOptions()
+    megakernel = _with_compiler(megakernel)
     batches = sorted(set(batches))
     if not batches or batches[0] < 1:
         raise ValueError(f"batches must be positive, got {batches}")
@@ -271,7 +278,7 @@ def apply_plan(
     """Make `model` follow `plan`: per decoder region, a dispatcher over the backends its buckets chose
     (a call above the largest bucket runs that bucket's choice), and the executor's graphs for the executor
     regions. Raises PlanError for a plan of another layout or one with layer splits (not runnable yet)."""
-    graphs, megakernel = graphs or GraphOptions(), megakernel or BackendOptions()
+    graphs, megakernel = graphs or GraphOptions(), _with_compiler(megakernel)
     layout = model_layout(model)
     if tuple(plan.layout) != layout:
         raise PlanError(f"the plan's regions {[r.name for r in plan.layout]} do not match this model's {layout}")

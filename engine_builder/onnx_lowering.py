@@ -36,7 +36,7 @@ KVCache):
 `code_predictor_loop_b<B>.onnx` (Qwen3-TTS CodePredictor.predict of one frame, Q codebooks):
   inputs   hidden (B, talker hidden): the talker's `hidden`; code0_embedding (B, talker hidden): codebook 0's
            code through the talker's codec table; megakernel form only, the on-device sampling inputs as
-           MegakernelCodePredictorLoop binds them (engine_builder.regions.bindings.sampling_inputs):
+           MegakernelCodePredictorLoop binds them (executor.megakernel_inputs.sampling_inputs):
            temperature (B,) fp32, top_k (B,) int64, top_p (B,) fp32, seed (B,) int64, rng_offset (B,) int64
            (head j of row b draws at counter rng_offset[b] + j; temperature 0 is greedy);
            k_cache, v_cache (L, B, Hkv, Q, D): the frame's cache (slot b = row b; every position is
@@ -73,10 +73,10 @@ from onnx import TensorProto, helper
 
 from tilevox.engine_builder.composition import Backend
 from tilevox.engine_builder.plan import Plan
-from tilevox.engine_builder.regions.adapters import DecoderView, ModelFamily, decoder_view
-from tilevox.engine_builder.regions.bindings import sampling_inputs
 from tilevox.engine_builder.regions.compiler import CompiledRegion, compile_region
 from tilevox.engine_builder.regions.spec import TilingConfig, region_spec
+from tilevox.executor.megakernel_inputs import sampling_inputs
+from tilevox.models.decoder_view import DecoderView, ModelFamily, decoder_view
 from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
     DECODER_STEP,
@@ -573,7 +573,7 @@ def export_talker_step(
 ) -> onnx.ModelProto:
     """One Qwen3-TTS talker step (Talker.forward_tokens of one new position per row) of `batch` rows as ONNX
     (module docstring: I/O contract), fully checked; megakernel as in export_decoder_step (the compile of
-    engine_builder.regions.backends.MegakernelTalkerStep)."""
+    executor.megakernel.MegakernelTalkerStep)."""
     view, dtype = _checked_view(talker, ModelFamily.QWEN3_TTS_TALKER, "export_talker_step")
     _check_batch(batch, cache)
     register_schemas()
@@ -612,7 +612,7 @@ def export_nh_decoder_step(
 ) -> onnx.ModelProto:
     """One NH-TTS decoder step (NhTtsNetwork.step of one new position per row, from the summed codebook
     embeddings) of `batch` rows as ONNX (module docstring: I/O contract), fully checked; megakernel as in
-    export_decoder_step (the compile of engine_builder.regions.backends.MegakernelNhDecoderStep)."""
+    export_decoder_step (the compile of executor.megakernel.MegakernelNhDecoderStep)."""
     view, dtype = _checked_view(network, ModelFamily.NH_TTS, "export_nh_decoder_step")
     _check_batch(batch, cache)
     if cache.text_len is None or view.cross is None:

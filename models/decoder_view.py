@@ -4,7 +4,7 @@ Each decoder network that a region can run (models.llama's LlamaForCausalLM, mod
 and CodePredictor, models.nh_tts' NhTtsNetwork) implements `decoder_view()`, returning a `DecoderView`: per-layer weights named by
 role (the tensors themselves, no copies), RoPE inverse frequencies computed exactly as the network
 computes them, and its embedding tables and heads. The compiler reads this view and never the
-network's own attributes. Imports: torch only.
+network's own attributes; `decoder_view(module)` asks a module for its view. Imports: torch only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CrossAttentionShape", "CrossAttentionWeights", "DecoderView", "LayerWeights", "ModelFamily"]
+__all__ = [
+    "CrossAttentionShape",
+    "CrossAttentionWeights",
+    "DecoderView",
+    "LayerWeights",
+    "ModelFamily",
+    "decoder_view",
+]
 
 
 class ModelFamily(enum.Enum):
@@ -94,3 +101,17 @@ class DecoderView:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+
+def decoder_view(module: torch.nn.Module) -> DecoderView:
+    """`module.decoder_view()`; TypeError for a module that declares no decoder view."""
+    declare = getattr(module, "decoder_view", None)
+    if declare is None:
+        raise TypeError(
+            f"{type(module).__name__} declares no decoder view (a region runs networks that implement "
+            "decoder_view(), see models.decoder_view)"
+        )
+    view = declare()
+    if not isinstance(view, DecoderView):
+        raise TypeError(f"{type(module).__name__}.decoder_view() returned {type(view).__name__}, not a DecoderView")
+    return view

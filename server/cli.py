@@ -175,12 +175,10 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
         return _install_plan(model, args, device)
     on_megakernel: set[str] = set()
     if _megakernel_asked(args):
-        from tilevox.engine_builder.regions import BackendOptions, Executor, install_megakernel_regions, parse_regions
+        from tilevox.executor.megakernel import install_megakernel_regions, parse_regions
 
         names = parse_regions(model, args.megakernel)
-        installed = install_megakernel_regions(
-            model, names, BackendOptions(executor=Executor(args.megakernel_executor))
-        )
+        installed = install_megakernel_regions(model, names, _megakernel_options(args))
         on_megakernel = {name for name, reason in installed.items() if reason is None}
     if args.cuda_graphs == "off" or (args.cuda_graphs == "auto" and device != "cuda"):
         for flag, value in (("--compile", args.compile), ("--graph-prefill", args.graph_prefill)):
@@ -198,6 +196,15 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
     return any(reason is None for reason in installed.values())
 
 
+def _megakernel_options(args: argparse.Namespace):
+    """The megakernel backends' options: --megakernel-executor, regions compiled by the region compiler
+    (build-time code, handed to the executor's run-time backends)."""
+    from tilevox.engine_builder.regions import region_compiler
+    from tilevox.executor.megakernel import BackendOptions, Executor
+
+    return BackendOptions(executor=Executor(args.megakernel_executor), compiler=region_compiler())
+
+
 def _graph_options(args: argparse.Namespace):
     from tilevox.executor import GraphOptions
 
@@ -209,7 +216,6 @@ def _install_plan(model, args: argparse.Namespace, device: str) -> bool:
 
     from tilevox.engine_builder.build import apply_plan, provenance_here
     from tilevox.engine_builder.plan import load_plan
-    from tilevox.engine_builder.regions import BackendOptions, Executor
 
     if _megakernel_asked(args):
         raise CommandError("--plan chooses each region's backend: leave --megakernel out")
@@ -220,7 +226,7 @@ def _install_plan(model, args: argparse.Namespace, device: str) -> bool:
         model,
         plan,
         graphs=_graph_options(args),
-        megakernel=BackendOptions(executor=Executor(args.megakernel_executor)),
+        megakernel=_megakernel_options(args),
     )
     for name, dispatch in dispatchers.items():
         log.info("plan %s: region %s: %s", args.plan, name, ", ".join(f"<= {b}: {k}" for b, k, _ in dispatch.choices))
@@ -755,7 +761,6 @@ def _run_build(args: argparse.Namespace) -> int:
     from tilevox.engine_builder.composition import Backend, classify
     from tilevox.engine_builder.plan import save_plan
     from tilevox.engine_builder.profile_cache import ProfileCacheError
-    from tilevox.engine_builder.regions import BackendOptions, Executor
     from tilevox.models.registry import load_model, parse_dtype
 
     if args.measure < 0 or args.context < 1:
@@ -789,7 +794,7 @@ def _run_build(args: argparse.Namespace) -> int:
             args.model,
             batches,
             backends=backends,
-            megakernel=BackendOptions(executor=Executor(args.megakernel_executor)),
+            megakernel=_megakernel_options(args),
             warmup=args.warmup,
             steps=args.steps,
             commit=_commit(),

@@ -13,5 +13,5 @@ export PYTHONPATH=/tmp/tilevox-src:$repo PYTHONUNBUFFERED=1  # the shim first: t
 export TILEVOX_KERNELS_LIB=$repo/trt_plugins/build/libtilevox_kernels.so
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 (cd /tmp/tilevox-src && python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" --rootdir "$repo" \
-  "$repo/tests/trt_plugins/megakernel" "$repo/tests/engine_builder/test_region_backends_cuda.py" \
+  "$repo/tests/trt_plugins/megakernel" "$repo/tests/executor/test_megakernel_backends_cuda.py" \
   "$repo/tests/models/llasa" "$repo/tests/models/test_fused_swiglu.py") 2>&1 | tee "$OUT/gpu_tests.log" | tail -25

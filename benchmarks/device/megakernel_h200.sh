@@ -17,7 +17,7 @@ if [ ! -f "$TILEVOX_KERNELS_LIB" ]; then
   exit 1
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"; date -u >> "$OUT/gpu.txt"
-timeout 100 python3 -m pytest -q -m gpu tests/trt_plugins/megakernel tests/engine_builder/test_region_backends_cuda.py \
+timeout 100 python3 -m pytest -q -m gpu tests/trt_plugins/megakernel tests/executor/test_megakernel_backends_cuda.py \
   tests/server/test_cli_megakernel.py -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
 tail -4 "$OUT/gpu_tests.log"
 # B: Llama-3.2-1B and Llasa-1B decode steps, Qwen3-TTS-0.6B frames, batches 1 8 32; torch.compile at batch 1

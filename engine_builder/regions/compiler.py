@@ -5,7 +5,7 @@ one kv group of one layer of one step) shares one counter; a consumer waits for 
 holding the tiles it reads (attention of kv group g waits for group g's QKV tiles only). Activations
 are single-assignment buffers per (step, layer), so the only write-after-read hazards are in the KV
 cache, where each step appends at a fresh position. Queues are then filled by `schedule.py`.
-Imports: torch, trt_plugins.megakernel, models (through adapters), this package.
+Imports: torch, trt_plugins.megakernel, models (their decoder views), this package.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from tilevox.engine_builder.regions.adapters import DecoderView, ModelFamily, decoder_view
 from tilevox.engine_builder.regions.cost import H200, DeviceCosts
 from tilevox.engine_builder.regions.schedule import SchedulingPolicy, schedule_program
-from tilevox.engine_builder.regions.spec import RegionKind, RegionSpec, TilingConfig
+from tilevox.engine_builder.regions.spec import RegionKind, RegionSpec, TilingConfig, region_spec
+from tilevox.models.decoder_view import DecoderView, ModelFamily, decoder_view
 from tilevox.trt_plugins.megakernel.instructions import (
     NO_ID,
     BufferKind,
@@ -32,7 +32,7 @@ from tilevox.trt_plugins.megakernel.instructions import (
     Wait,
 )
 
-__all__ = ["CompiledRegion", "compile_region"]
+__all__ = ["CompiledRegion", "RegionCompilerFn", "compile_region", "region_compiler"]
 
 _DTYPES = {
     torch.float32: DType.FLOAT32,
@@ -771,3 +771,23 @@ def _compile_predictor_loop(b: _Builder, tiling: TilingConfig, num_steps: int) -
         )
         if next_table is not None:
             x, x_waits = _project(b, tiling, step=step + 1, x=emb, x_waits=(wait,), name=f"s{step + 1}.x_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class RegionCompilerFn:
+    """compile_region as the executor's RegionCompiler (executor.megakernel): a region name in, the region
+    spec the models declare for it (spec.region_spec), compiled with `tiling` (None: TilingConfig())."""
+
+    tiling: TilingConfig | None = None
+
+    def __call__(
+        self, module: torch.nn.Module, region: str, *, batch_size: int, num_sms: int, **compile_args: int
+    ) -> CompiledRegion:
+        return compile_region(
+            module, region_spec(region), batch_size=batch_size, tiling=self.tiling, num_sms=num_sms, **compile_args
+        )
+
+
+def region_compiler(tiling: TilingConfig | None = None) -> RegionCompilerFn:
+    """The compiler the megakernel backends take (BackendOptions(compiler=region_compiler()))."""
+    return RegionCompilerFn(tiling)

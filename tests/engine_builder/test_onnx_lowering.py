@@ -31,8 +31,8 @@ from tilevox.engine_builder.onnx_lowering import (  # noqa: E402
     export_talker_step,
 )
 from tilevox.engine_builder.regions import compile_region  # noqa: E402
-from tilevox.engine_builder.regions.bindings import code_predictor_inputs, sampling_inputs  # noqa: E402
 from tilevox.engine_builder.regions.spec import region_spec  # noqa: E402
+from tilevox.executor.megakernel_inputs import code_predictor_inputs, sampling_inputs  # noqa: E402
 from tilevox.models.nh_tts.loader import load_preset as load_nh_tts  # noqa: E402
 from tilevox.models.qwen3_tts.layers import CacheView  # noqa: E402
 from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3  # noqa: E402

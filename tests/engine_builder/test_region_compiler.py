@@ -23,8 +23,8 @@ from tilevox.engine_builder.regions import (
     simulate,
     tile_graph_dict,
 )
-from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
 from tilevox.engine_builder.regions.cost import instruction_time_s
+from tilevox.executor.megakernel_inputs import llama_decode_inputs, sampling_inputs
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import random_llama
 from tilevox.models.sampling import SamplingParams

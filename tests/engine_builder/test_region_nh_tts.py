@@ -12,16 +12,16 @@ import logging
 import pytest
 import torch
 
-from tilevox.engine_builder.regions import (
+from tilevox.engine_builder.regions import TilingConfig, compile_region, region_compiler
+from tilevox.engine_builder.regions.spec import region_spec
+from tilevox.executor.megakernel import (
+    LOGGER_NAME,
     BackendOptions,
     Executor,
-    TilingConfig,
-    compile_region,
+    MegakernelNhDecoderStep,
     install_megakernel_regions,
 )
-from tilevox.engine_builder.regions.backends import LOGGER_NAME, MegakernelNhDecoderStep
-from tilevox.engine_builder.regions.bindings import nh_decoder_inputs
-from tilevox.engine_builder.regions.spec import region_spec
+from tilevox.executor.megakernel_inputs import nh_decoder_inputs
 from tilevox.models.decoder_view import ModelFamily
 from tilevox.models.nh_tts.loader import load_preset
 from tilevox.models.region_backends import NH_DECODER_STEP
@@ -33,7 +33,8 @@ from tilevox.trt_plugins.megakernel.validate import check_program
 ATOL = 2e-5
 MAX_ROWS, MAX_SEQ, MAX_TEXT = 8, 40, 24
 TILING = TilingConfig(matvec_rows=20, lm_head_rows=100, heads_per_qkv_tile=3, partition_tokens=7, cross_attn_rows=2)
-VM = BackendOptions(executor=Executor.VM)
+COMPILER = region_compiler()
+VM = BackendOptions(compiler=COMPILER, executor=Executor.VM)
 # (cache rows, positions already decoded, text lengths): scattered rows, a row at position 0, text lengths
 # from 1 to the whole cross cache, a batch that the cross-attention row tiles do not divide.
 CASES = [

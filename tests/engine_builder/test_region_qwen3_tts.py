@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
-from tilevox.engine_builder.regions.bindings import code_predictor_inputs, sampling_inputs
+from tilevox.executor.megakernel_inputs import code_predictor_inputs, sampling_inputs
 from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.qwen3_tts.loader import preset_config_dict, randomize_network_
@@ -221,7 +221,7 @@ def test_predictor_loop_needs_the_kv_chain(talker):
 def test_rope_scaling_reaches_the_megakernel_or_refuses_it():
     """The region adapter takes the talker's RoPE frequencies with rope_scaling applied (linear x2 halves
     them) and refuses a scaling the kernel cannot express (yarn's cos/sin factor)."""
-    from tilevox.engine_builder.regions.adapters import decoder_view
+    from tilevox.models.decoder_view import decoder_view
 
     base = Qwen3TTSConfig.from_dict(preset_config_dict("qwen3-tts-tiny")).talker
     plain = decoder_view(Talker(base)).inv_freq

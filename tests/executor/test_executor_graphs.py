@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from tests.conftest import sampled_frames
-from tilevox.engine_builder.regions import BackendOptions, Executor, install_megakernel_regions
+from tilevox.engine_builder.regions import region_compiler
 from tilevox.executor import GraphOptions, install_graph_regions
 from tilevox.executor.graphs import LOGGER_NAME, MIN_KEY_BUCKET, batch_bucket, key_bucket
+from tilevox.executor.megakernel import BackendOptions, Executor, install_megakernel_regions
 from tilevox.models.llasa.loader import load_preset as load_llasa
 from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
 from tilevox.models.qwen3_tts.model import ModelOptions
@@ -167,7 +168,9 @@ def test_sampled_predictor_draws_equal_the_megakernel_interpreter():
         install_graph_regions(model, [CODE_PREDICTOR_LOOP], EAGER)
 
     def interpreter(model):
-        install_megakernel_regions(model, [CODE_PREDICTOR_LOOP], BackendOptions(executor=Executor.VM))
+        install_megakernel_regions(
+            model, [CODE_PREDICTOR_LOOP], BackendOptions(compiler=region_compiler(), executor=Executor.VM)
+        )
 
     got, want = _sampled_frames([5, 9], executor), _sampled_frames([5, 9], interpreter)
     for seed in (5, 9):

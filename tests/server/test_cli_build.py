@@ -15,7 +15,7 @@ import torch
 from tilevox.engine_builder.build import apply_plan, provenance_here
 from tilevox.engine_builder.composition import Backend, Composition, Piece, model_layout
 from tilevox.engine_builder.plan import BucketPlan, Plan, load_plan, save_plan
-from tilevox.engine_builder.regions import BackendOptions, Executor
+from tilevox.executor.megakernel import BackendOptions, Executor
 from tilevox.models.llasa.loader import load_preset as load_llasa
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest

@@ -12,7 +12,7 @@ import pytest
 import soundfile
 import torch
 
-from tilevox.engine_builder.regions.backends import LOGGER_NAME
+from tilevox.executor.megakernel import LOGGER_NAME
 from tilevox.server.cli import main
 
 PRESETS = ["llama-tiny", "qwen3-tts-tiny"]

@@ -412,9 +412,9 @@ def test_region_plugin_enqueue_equals_torch_op_bitwise(region_plugin_libs, lean_
     """The decoder_step node's plugin, created from the node's fields through the lean runtime's registry and
     enqueued (twice on one attached plugin when the state is copied: the second reuses the uploaded program
     and pointer table), equals launch_op of the same compiled program on copies of the same inputs."""
-    from tilevox.engine_builder.regions.bindings import sampling_inputs
     from tilevox.engine_builder.regions.compiler import compile_region
     from tilevox.engine_builder.regions.spec import region_spec
+    from tilevox.executor.megakernel_inputs import sampling_inputs
     from tilevox.models.region_backends import DECODER_STEP
     from tilevox.models.sampling import SamplingParams
     from tilevox.trt_plugins.megakernel.instructions import ERROR_WORDS

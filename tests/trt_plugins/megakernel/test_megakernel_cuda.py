@@ -20,13 +20,13 @@ from tests.trt_plugins.megakernel.cross_attn_case import (
     cross_attn_reference,
 )
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
-from tilevox.engine_builder.regions.bindings import (
+from tilevox.engine_builder.regions.spec import region_spec
+from tilevox.executor.megakernel_inputs import (
     code_predictor_inputs,
     llama_decode_inputs,
     nh_decoder_inputs,
     sampling_inputs,
 )
-from tilevox.engine_builder.regions.spec import region_spec
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import o1_random_llama
 from tilevox.models.nh_tts.loader import network_config

@@ -51,7 +51,7 @@ def rt():
 
 def _region_and_inputs(batch: int = 3):
     from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
-    from tilevox.engine_builder.regions.bindings import llama_decode_inputs, sampling_inputs
+    from tilevox.executor.megakernel_inputs import llama_decode_inputs, sampling_inputs
     from tilevox.models.llama.config import LlamaConfig
     from tilevox.models.llama.weights import random_llama
     from tilevox.models.sampling import SamplingParams

@@ -1,7 +1,12 @@
 """Megakernel backends for the models' per-step regions (models.region_backends), with logged fallback.
 
-Each backend compiles its region lazily per batch bucket (max context = the model's cache length),
-binds the model's own KV caches, runs the region on the chosen executor (CUDA: the persistent
+Run-time code: compiling a region into an instruction program is build-time code (engine_builder.regions)
+that this module never imports. The caller hands a `RegionCompiler` in `BackendOptions.compiler`
+(engine_builder.regions.region_compiler(), which the CLI, the engine builder and the tests pass); without
+one a backend is unavailable (MegakernelUnavailable says so), never silently conventional.
+
+Each backend asks the compiler for its region once per batch bucket (max context = the model's cache
+length), binds the model's own KV caches, runs the region on the chosen executor (CUDA: the persistent
 megakernel through the `tilevox::megakernel_launch` op; VM: the pure-PyTorch interpreter, on any
 device) and returns exactly what the conventional call returns. Construction raises
 `MegakernelUnavailable` where the region can never run here; a single call it cannot take (batch
@@ -31,7 +36,7 @@ MegakernelFaultError as the synchronous check would. So an error surfaces one ca
 while the GPU runs behind): acceptable because the conventional CUDA graphs have no per-step check at
 all, and a failed launch still fails its batch, at its next step. BackendOptions(sync_check=True)
 restores the synchronous check at every launch (tests, debugging).
-Imports: torch, models, executor (batch buckets), trt_plugins.megakernel, this package.
+Imports: torch, models, trt_plugins.megakernel, this package (batch buckets, region inputs).
 """
 
 from __future__ import annotations
@@ -41,18 +46,18 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from tilevox.engine_builder.regions.adapters import DecoderView, decoder_view
-from tilevox.engine_builder.regions.bindings import (
+from tilevox.executor.graphs import BATCH_BUCKETS, batch_bucket
+from tilevox.executor.megakernel_inputs import (
+    CompiledProgram,
     code_predictor_inputs,
     llama_decode_inputs,
     sampling_inputs,
 )
-from tilevox.engine_builder.regions.compiler import CompiledRegion, compile_region
-from tilevox.engine_builder.regions.spec import RegionSpec, TilingConfig, region_spec
-from tilevox.executor.graphs import BATCH_BUCKETS, batch_bucket
+from tilevox.models.decoder_view import DecoderView, decoder_view
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.nh_tts.decoder import NhDecoderCache, NhTtsNetwork
 from tilevox.models.qwen3_tts.code_predictor import CodePredictor
@@ -96,6 +101,8 @@ __all__ = [
     "MegakernelUnavailable",
     "MegakernelWatchdogError",
     "BACKENDS",
+    "CompiledProgram",
+    "RegionCompiler",
     "install_megakernel_regions",
     "make_backend",
     "parse_regions",
@@ -119,6 +126,16 @@ class MegakernelUnavailable(RuntimeError):
         self.reason = reason
 
 
+class RegionCompiler(Protocol):
+    """Compiles region `region` (a models.region_backends name) of `module` for `batch_size` rows on
+    `num_sms` queues; `compile_args` are the cache's sizes (max_context, num_cache_slots, cache_len,
+    cross_cache_len). Raises ValueError for a batch or shape it cannot compile."""
+
+    def __call__(
+        self, module: torch.nn.Module, region: str, *, batch_size: int, num_sms: int, **compile_args: int
+    ) -> CompiledProgram: ...
+
+
 class Executor(enum.Enum):
     CUDA = "cuda"  # the persistent megakernel (libtilevox_kernels.so), sm_90
     VM = "vm"  # trt_plugins.megakernel.vm.run_program: the semantic oracle, any device
@@ -126,16 +143,18 @@ class Executor(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendOptions:
-    """executor; max_batch: larger calls run conventionally; tiling / num_sms: the compiler's (None:
-    TilingConfig() and the device's SM count, or 132 for the VM); watchdog_s: the kernel's per-wait limit.
+    """executor; compiler: what compiles a region per batch bucket (build-time code, handed in: see the
+    module docstring; None: no backend can be made); max_batch: larger calls run conventionally; num_sms:
+    the queues compiled for (None: the device's SM count, or 132 for the VM); watchdog_s: the kernel's
+    per-wait limit.
     buckets: compile per batch bucket, padding a call's rows with copies of row 0 (False: per exact batch).
     sync_check: CUDA only: synchronise after every launch and raise its error there (False: the error
     words are read without blocking, one call late; see the module docstring).
     cuda_graphs: CUDA with sync_check off: replay a CUDA graph of each bucket's launch after its first call."""
 
     executor: Executor = Executor.CUDA
+    compiler: RegionCompiler | None = None
     max_batch: int = 64
-    tiling: TilingConfig | None = None
     num_sms: int | None = None
     watchdog_s: float = 2.0
     buckets: bool = True
@@ -320,7 +339,7 @@ class _Staging:
 
 @dataclass(slots=True)
 class _Compiled:
-    region: CompiledRegion
+    region: CompiledProgram
     weights: dict[str, torch.Tensor]  # on the model's device
     # CUDA: the BoundLaunch (inputs are staged into its INPUT buffers), their staging arena, and the CUDA
     # graph of the launch once captured (after the bucket's first, eager launch).
@@ -335,7 +354,6 @@ class _RegionRunner:
     def __init__(
         self,
         module: torch.nn.Module,
-        spec: RegionSpec,
         *,
         name: str,
         device: torch.device,
@@ -344,7 +362,7 @@ class _RegionRunner:
     ) -> None:
         if device.type == "cuda" and device.index is None:  # CudaProgram.bind compares devices exactly
             device = torch.device("cuda", torch.cuda.current_device())
-        self.module, self.spec, self.device, self.options = module, spec, device, options
+        self.module, self.name, self.device, self.options = module, name, device, options
         self.compile_args = dict(compile_args)
         self._compiled: dict[int, _Compiled] = {}  # by the number of rows compiled (a bucket)
         self._failed: dict[int, str] = {}
@@ -363,13 +381,8 @@ class _RegionRunner:
             raise _CallUnsupported(self._failed[batch])
         if batch not in self._compiled:
             try:
-                region = compile_region(
-                    self.module,
-                    self.spec,
-                    batch_size=batch,
-                    tiling=self.options.tiling,
-                    num_sms=self.num_sms,
-                    **self.compile_args,
+                region = self.options.compiler(
+                    self.module, self.name, batch_size=batch, num_sms=self.num_sms, **self.compile_args
                 )
             except ValueError as exc:
                 self._failed[batch] = f"batch {batch} does not compile: {exc}"
@@ -464,6 +477,10 @@ class _Backend:
     name: str
 
     def __init__(self, options: BackendOptions) -> None:
+        if options.compiler is None:
+            raise MegakernelUnavailable(
+                "no region compiler given (BackendOptions.compiler, e.g. engine_builder.regions.region_compiler())"
+            )
         self.options = options
         self.num_megakernel_calls = 0
         self.num_conventional_calls = 0
@@ -542,7 +559,6 @@ class MegakernelDecoderStep(_Backend):
             self._cache = cache
             self._runner = _RegionRunner(
                 self.llama,
-                region_spec(DECODER_STEP),
                 name=self.name,
                 device=self.llama.device,
                 options=self.options,
@@ -603,7 +619,6 @@ class MegakernelTalkerStep(_Backend):
             self._cache = cache
             self._runner = _RegionRunner(
                 self.talker,
-                region_spec(TALKER_STEP),
                 name=self.name,
                 device=self.device,
                 options=self.options,
@@ -659,7 +674,6 @@ class MegakernelCodePredictorLoop(_Backend):
         self.predictor, self.device = predictor, device
         self._runner = _RegionRunner(
             predictor,
-            region_spec(CODE_PREDICTOR_LOOP),
             name=self.name,
             device=device,
             options=options,
@@ -726,7 +740,6 @@ class MegakernelNhDecoderStep(_Backend):
             self._cache = cache
             self._runner = _RegionRunner(
                 self.network,
-                region_spec(NH_DECODER_STEP),
                 name=self.name,
                 device=self.network.device,
                 options=self.options,

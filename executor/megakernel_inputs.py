@@ -1,25 +1,36 @@
 """Bind a compiled region's INPUT and STATE buffers from the reference models' own objects.
 
+`CompiledProgram` is what the executor needs of a compiled region (engine_builder.regions.CompiledRegion
+is one): its instruction program, the weight tensors to bind by buffer name, the decode steps it runs and
+the context it was compiled for.
 `sampling_inputs` turns per-stream `SamplingParams` + seeds into the SAMPLE_EMBED buffers (and
 refuses what the on-device sampler does not implement); `llama_decode_inputs`, `code_predictor_inputs`
 and `nh_decoder_inputs` bind the models' KV caches in place (their layout is the region's; NH-TTS's cross
 keys/values too).
-Imports: torch, models (sampling, llama, qwen3_tts, nh_tts), this package.
+Imports: torch, models (sampling, llama, qwen3_tts, nh_tts), trt_plugins.megakernel (the program type).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
-from tilevox.engine_builder.regions.compiler import CompiledRegion
 from tilevox.models.llama.model import LlamaKVCache
 from tilevox.models.nh_tts.decoder import NhDecoderCache
 from tilevox.models.qwen3_tts.layers import KVCache
 from tilevox.models.sampling import SamplingParams
+from tilevox.trt_plugins.megakernel.instructions import Program
 
-__all__ = ["code_predictor_inputs", "llama_decode_inputs", "nh_decoder_inputs", "sampling_inputs"]
+__all__ = ["CompiledProgram", "code_predictor_inputs", "llama_decode_inputs", "nh_decoder_inputs", "sampling_inputs"]
+
+
+class CompiledProgram(Protocol):
+    program: Program
+    weights: dict[str, torch.Tensor]  # by buffer name, on the model's device (views of its parameters)
+    num_steps: int  # decode (micro-)steps the region runs
+    max_context: int
 
 
 def sampling_inputs(
@@ -48,7 +59,7 @@ def sampling_inputs(
 
 
 def llama_decode_inputs(
-    region: CompiledRegion,
+    region: CompiledProgram,
     cache: LlamaKVCache,
     slots: Sequence[int],
     tokens: torch.Tensor | None = None,
@@ -78,7 +89,7 @@ def llama_decode_inputs(
 
 
 def code_predictor_inputs(
-    region: CompiledRegion,
+    region: CompiledProgram,
     cache: KVCache,
     hidden: torch.Tensor,
     code0_embedding: torch.Tensor,
@@ -102,7 +113,7 @@ def code_predictor_inputs(
 
 
 def nh_decoder_inputs(
-    region: CompiledRegion, cache: NhDecoderCache, rows: Sequence[int], x_in: torch.Tensor
+    region: CompiledProgram, cache: NhDecoderCache, rows: Sequence[int], x_in: torch.Tensor
 ) -> dict[str, torch.Tensor]:
     """Weights + the summed codebook embeddings of one new position per row `x_in` (B, hidden) + each row's
     position, cache row and text length + NhDecoderCache's self and cross keys/values (read in place; the

@@ -13,13 +13,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilevox.engine_builder.regions import BackendOptions, TilingConfig, install_megakernel_regions
-from tilevox.engine_builder.regions.backends import (
+from tilevox.engine_builder.regions import TilingConfig, region_compiler
+from tilevox.executor.megakernel import (
+    BackendOptions,
     MegakernelCodePredictorLoop,
     MegakernelDecoderStep,
     MegakernelFaultError,
     MegakernelNhDecoderStep,
     MegakernelTalkerStep,
+    install_megakernel_regions,
 )
 from tilevox.models.llasa.loader import load_preset as load_llasa
 from tilevox.models.nh_tts.loader import network_config
@@ -34,6 +36,7 @@ from tilevox.models.streaming import SynthesisRequest, synthesize
 pytestmark = [pytest.mark.gpu, pytest.mark.requires_megakernel]
 
 TOL = {torch.float32: 1e-3, torch.bfloat16: 6e-2}
+COMPILER = region_compiler()  # build-time code, handed to the run-time backends
 
 
 def _llasa():
@@ -77,7 +80,7 @@ def test_llasa_fp32_greedy_tokens_equal_conventional():
     tokens: dict[str, list[int]] = {"ref": [], "mk": []}
     model.token_observer = lambda _sid, tok: tokens["ref"].append(tok)
     synthesize(model, _request("Hello from the GPU"))
-    assert install_megakernel_regions(model, [DECODER_STEP], BackendOptions()) == {DECODER_STEP: None}
+    assert install_megakernel_regions(model, [DECODER_STEP], BackendOptions(compiler=COMPILER)) == {DECODER_STEP: None}
     model.token_observer = lambda _sid, tok: tokens["mk"].append(tok)
     synthesize(model, _request("Hello from the GPU"))
     assert len(tokens["ref"]) >= 10 and tokens["mk"] == tokens["ref"]
@@ -89,7 +92,7 @@ def test_qwen3_fp32_greedy_frames_equal_conventional():
     frames: dict[str, list[torch.Tensor]] = {"ref": [], "mk": []}
     model.frame_observer = lambda _sid, codes: frames["ref"].append(codes)
     synthesize(model, _request("Good morning"))
-    assert install_megakernel_regions(model, [TALKER_STEP, CODE_PREDICTOR_LOOP], BackendOptions()) == {
+    assert install_megakernel_regions(model, [TALKER_STEP, CODE_PREDICTOR_LOOP], BackendOptions(compiler=COMPILER)) == {
         TALKER_STEP: None,
         CODE_PREDICTOR_LOOP: None,
     }
@@ -111,7 +114,7 @@ def test_llasa_decode_teacher_forced(dtype):
         prompt = torch.randint(0, llama.config.vocab_size, (length,), generator=gen).cuda()
         for cache in caches:
             llama.prefill(cache, slot, prompt)
-    backend = MegakernelDecoderStep(llama, BackendOptions())
+    backend = MegakernelDecoderStep(llama, BackendOptions(compiler=COMPILER))
     tokens = torch.randint(0, llama.config.vocab_size, (3,), generator=gen).cuda()
     for _ in range(12):
         ref = llama.decode(caches[0], slots, tokens)
@@ -133,8 +136,8 @@ def test_qwen3_talker_and_predictor_teacher_forced(dtype):
     for cache in caches:
         cache.keys.copy_(init)
         cache.values.copy_(init.flip(-1))
-    step = MegakernelTalkerStep(talker, BackendOptions())
-    predictor = MegakernelCodePredictorLoop(talker.code_predictor, BackendOptions())
+    step = MegakernelTalkerStep(talker, BackendOptions(compiler=COMPILER))
+    predictor = MegakernelCodePredictorLoop(talker.code_predictor, BackendOptions(compiler=COMPILER))
     for position in (7, 8, 9):
         inputs = torch.randn(2, 1, hidden_size, generator=gen).to("cuda", dtype)
 
@@ -187,7 +190,7 @@ def test_nh_decoder_step_teacher_forced(dtype):
             if prefix.shape[1]:
                 network.step(cache, [row], prefix)
     tiling = TilingConfig(matvec_rows=24, lm_head_rows=100, heads_per_qkv_tile=2, partition_tokens=7, cross_attn_rows=2)
-    backend = MegakernelNhDecoderStep(network, BackendOptions(tiling=tiling))
+    backend = MegakernelNhDecoderStep(network, BackendOptions(compiler=region_compiler(tiling)))
     for _ in range(8):
         codes = torch.randint(0, vocab, (3, 1, channels), generator=gen).cuda()
         with torch.no_grad():
@@ -202,8 +205,8 @@ def test_nh_decoder_step_teacher_forced(dtype):
 
 # Calls of the bucket tests: streams join and leave; every bucket (1, 4, 8) is replayed after its first call.
 BATCHES = (1, 3, 8, 3, 1, 8, 3)
-GRAPHS = BackendOptions()  # buckets, CUDA graphs, deferred error check
-EAGER = BackendOptions(sync_check=True)  # buckets, a synchronous check after every eager launch
+GRAPHS = BackendOptions(compiler=COMPILER)  # buckets, CUDA graphs, deferred error check
+EAGER = BackendOptions(compiler=COMPILER, sync_check=True)  # buckets, a synchronous check after every eager launch
 NH_TILING = TilingConfig(matvec_rows=24, lm_head_rows=100, heads_per_qkv_tile=2, partition_tokens=7, cross_attn_rows=2)
 SLEEP_CYCLES = 2_000_000_000  # about one second of torch.cuda._sleep on an H200: far longer than a call
 
@@ -377,7 +380,10 @@ class _NhCase(_Case):
             cache.self_v.copy_(keys.flip(-1))
             cache.lengths[:] = [6, 0, 17, 3, 9, 1, 12, 4]
         assert self.caches[0].text_lengths == texts
-        options = [BackendOptions(tiling=NH_TILING), BackendOptions(tiling=NH_TILING, sync_check=True)]
+        options = [
+            BackendOptions(compiler=region_compiler(NH_TILING)),
+            BackendOptions(compiler=region_compiler(NH_TILING), sync_check=True),
+        ]
         super().__init__([MegakernelNhDecoderStep(network, o) for o in options], network.step)
 
     def inputs(self, index: int, batch: int):

@@ -17,16 +17,20 @@ import pytest
 import torch
 
 from tests.conftest import sampled_frames
-from tilevox.engine_builder.regions import BackendOptions, Executor, MegakernelUnavailable, install_megakernel_regions
-from tilevox.engine_builder.regions.backends import (
+from tilevox.engine_builder.regions import region_compiler
+from tilevox.executor.megakernel import (
     LOGGER_NAME,
+    BackendOptions,
+    Executor,
     MegakernelCodePredictorLoop,
     MegakernelDecoderStep,
     MegakernelFaultError,
     MegakernelNhDecoderStep,
     MegakernelTalkerStep,
+    MegakernelUnavailable,
     MegakernelWatchdogError,
     _ErrorChecks,
+    install_megakernel_regions,
     parse_regions,
 )
 from tilevox.models.llama.config import LlamaConfig
@@ -47,8 +51,9 @@ from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest, synthesize
 from tilevox.trt_plugins.megakernel.instructions import ERROR_WORDS, ErrorCode
 
-VM = BackendOptions(executor=Executor.VM)
-EXACT = BackendOptions(executor=Executor.VM, buckets=False)
+COMPILER = region_compiler()  # build-time code, handed to the run-time backends
+VM = BackendOptions(compiler=COMPILER, executor=Executor.VM)
+EXACT = BackendOptions(compiler=COMPILER, executor=Executor.VM, buckets=False)
 ATOL = 2e-5
 
 
@@ -181,7 +186,9 @@ def test_cuda_executor_on_cpu_falls_back_with_a_logged_reason(caplog):
     model = _qwen3()
     ref = synthesize(model, request)
     with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
-        result = install_megakernel_regions(model, [TALKER_STEP, CODE_PREDICTOR_LOOP], BackendOptions())
+        result = install_megakernel_regions(
+            model, [TALKER_STEP, CODE_PREDICTOR_LOOP], BackendOptions(compiler=COMPILER)
+        )
     assert result == {TALKER_STEP: "no CUDA device is visible", CODE_PREDICTOR_LOOP: "no CUDA device is visible"}
     assert _megakernel_records(caplog) == [
         "megakernel region talker_step: conventional path: no CUDA device is visible",
@@ -209,7 +216,9 @@ def test_batch_above_the_limit_runs_conventionally_and_logs_once(caplog):
 
     ref = run(_llasa())
     model = _llasa()
-    install_megakernel_regions(model, [DECODER_STEP], BackendOptions(executor=Executor.VM, max_batch=1))
+    install_megakernel_regions(
+        model, [DECODER_STEP], BackendOptions(compiler=COMPILER, executor=Executor.VM, max_batch=1)
+    )
     with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
         got = run(model)
     assert got == ref
@@ -259,12 +268,16 @@ def test_construction_refuses_what_the_kernel_cannot_run():
     with pytest.raises(MegakernelUnavailable, match="dtype torch.float64"):
         MegakernelDecoderStep(float64, VM)
     with pytest.raises(MegakernelUnavailable, match="no CUDA device"):
-        MegakernelDecoderStep(float64, BackendOptions())
+        MegakernelDecoderStep(float64, BackendOptions(compiler=COMPILER))
     # What the fused SwiGLU swap leaves: an MLP module without the gate/up/down projections.
     swapped = random_llama(LlamaConfig.preset("tiny"), seed=0, device="cpu", dtype=torch.float32)
     swapped.model.layers[1].mlp = torch.nn.Identity()
     with pytest.raises(MegakernelUnavailable, match="fused SwiGLU swap removes them"):
         MegakernelDecoderStep(swapped, VM)
+    # Run-time code compiles nothing itself: without the build-time compiler handed in, no backend.
+    plain = random_llama(LlamaConfig.preset("tiny"), seed=0, device="cpu", dtype=torch.float32)
+    with pytest.raises(MegakernelUnavailable, match="no region compiler given"):
+        MegakernelDecoderStep(plain, BackendOptions(executor=Executor.VM))
 
 
 def test_region_names_parse_and_bad_names_fail():
@@ -283,7 +296,7 @@ def test_region_names_parse_and_bad_names_fail():
     with pytest.raises(ValueError, match="LlasaModel has no region 'talker_step'"):
         set_region_backend(llasa, TALKER_STEP, None)
     with pytest.raises(ValueError, match="max_batch must be >= 1"):
-        BackendOptions(max_batch=0)
+        BackendOptions(compiler=COMPILER, max_batch=0)
 
 
 def _compiled_batches(backend) -> set[int]:
@@ -541,5 +554,5 @@ def test_deferred_error_raises_at_the_next_call_and_in_check():
 
 
 def test_options_default_to_buckets_graphs_and_deferred_checks():
-    options = BackendOptions()
+    options = BackendOptions(compiler=COMPILER)
     assert options.buckets and options.cuda_graphs and not options.sync_check
