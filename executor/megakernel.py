@@ -482,13 +482,28 @@ class _Backend:
                 "no region compiler given (BackendOptions.compiler, e.g. engine_builder.regions.region_compiler())"
             )
         self.options = options
+        self._cache: object | None = None  # the KV cache the region is bound to (its first call's)
+        self._runner: _RegionRunner | None = None
         self.num_megakernel_calls = 0
         self.num_conventional_calls = 0
         self._logged: set[str] = set()
 
+    def _bound_runner(
+        self, cache: object, module: torch.nn.Module, device: torch.device, compile_args: Mapping[str, int]
+    ) -> _RegionRunner:
+        """The runner bound to `cache` (the first call's KV cache; `compile_args` are its sizes): a region
+        binds one cache, so a call with another runs conventionally."""
+        if self._cache is None:
+            self._cache = cache
+            self._runner = _RegionRunner(
+                module, name=self.name, device=device, options=self.options, compile_args=compile_args
+            )
+        elif cache is not self._cache:
+            raise _CallUnsupported("the call's KV cache is not the one the region was bound to")
+        return self._runner
+
     def _runners(self) -> list[_RegionRunner]:
-        runner = getattr(self, "_runner", None)
-        return [] if runner is None else [runner]
+        return [] if self._runner is None else [self._runner]
 
     def check(self) -> None:
         """Wait for this backend's launches and raise MegakernelWatchdogError / MegakernelFaultError for
@@ -551,26 +566,18 @@ class MegakernelDecoderStep(_Backend):
             _check_cuda(llama.device)
         _checked_view(llama)
         self.llama = llama
-        self._cache: LlamaKVCache | None = None
-        self._runner: _RegionRunner | None = None
 
     def _runner_for(self, cache: LlamaKVCache) -> _RegionRunner:
-        if self._cache is None:
-            self._cache = cache
-            self._runner = _RegionRunner(
-                self.llama,
-                name=self.name,
-                device=self.llama.device,
-                options=self.options,
-                compile_args={
-                    "max_context": cache.max_seq_len,
-                    "num_cache_slots": cache.k.shape[1],
-                    "cache_len": cache.max_seq_len,
-                },
-            )
-        elif cache is not self._cache:
-            raise _CallUnsupported("the call's KV cache is not the one the region was bound to")
-        return self._runner
+        return self._bound_runner(
+            cache,
+            self.llama,
+            self.llama.device,
+            {
+                "max_context": cache.max_seq_len,
+                "num_cache_slots": cache.k.shape[1],
+                "cache_len": cache.max_seq_len,
+            },
+        )
 
     def __call__(self, cache: LlamaKVCache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor:
         slots = [int(s) for s in slots]
@@ -611,26 +618,18 @@ class MegakernelTalkerStep(_Backend):
             _check_cuda(device)
         _checked_view(talker)
         self.talker, self.device = talker, device
-        self._cache: KVCache | None = None
-        self._runner: _RegionRunner | None = None
 
     def _runner_for(self, cache: KVCache) -> _RegionRunner:
-        if self._cache is None:
-            self._cache = cache
-            self._runner = _RegionRunner(
-                self.talker,
-                name=self.name,
-                device=self.device,
-                options=self.options,
-                compile_args={
-                    "max_context": cache.max_len,
-                    "num_cache_slots": cache.num_slots,
-                    "cache_len": cache.max_len,
-                },
-            )
-        elif cache is not self._cache:
-            raise _CallUnsupported("the call's KV cache is not the one the region was bound to")
-        return self._runner
+        return self._bound_runner(
+            cache,
+            self.talker,
+            self.device,
+            {
+                "max_context": cache.max_len,
+                "num_cache_slots": cache.num_slots,
+                "cache_len": cache.max_len,
+            },
+        )
 
     def __call__(self, inputs: torch.Tensor, view: CacheView) -> tuple[torch.Tensor, torch.Tensor]:
         batch, num_new = inputs.shape[:2]
@@ -732,27 +731,19 @@ class MegakernelNhDecoderStep(_Backend):
             _check_cuda(network.device)
         _checked_view(network)
         self.network = network
-        self._cache: NhDecoderCache | None = None
-        self._runner: _RegionRunner | None = None
 
     def _runner_for(self, cache: NhDecoderCache) -> _RegionRunner:
-        if self._cache is None:
-            self._cache = cache
-            self._runner = _RegionRunner(
-                self.network,
-                name=self.name,
-                device=self.network.device,
-                options=self.options,
-                compile_args={
-                    "max_context": cache.max_seq_len,
-                    "num_cache_slots": cache.max_rows,
-                    "cache_len": cache.max_seq_len,
-                    "cross_cache_len": cache.max_text_len,
-                },
-            )
-        elif cache is not self._cache:
-            raise _CallUnsupported("the call's decoder cache is not the one the region was bound to")
-        return self._runner
+        return self._bound_runner(
+            cache,
+            self.network,
+            self.network.device,
+            {
+                "max_context": cache.max_seq_len,
+                "num_cache_slots": cache.max_rows,
+                "cache_len": cache.max_seq_len,
+                "cross_cache_len": cache.max_text_len,
+            },
+        )
 
     def __call__(self, cache: NhDecoderCache, rows: Sequence[int], codes: torch.Tensor) -> torch.Tensor:
         rows = [int(r) for r in rows]
