@@ -17,6 +17,7 @@ from tilevox.executor.graphs import (
     GraphedTalkerStep,
     GraphOptions,
     install_graph_regions,
+    install_prefill_stream,
 )
 from tilevox.executor.sampling import sample_rows
 
@@ -27,5 +28,6 @@ __all__ = [
     "GraphedDecoderStep",
     "GraphedTalkerStep",
     "install_graph_regions",
+    "install_prefill_stream",
     "sample_rows",
 ]

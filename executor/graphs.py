@@ -42,6 +42,7 @@ import torch
 
 from tilevox.executor.sampling import filter_plan, nh_pick_codes, sample_next_tokens, sample_rows
 from tilevox.models.nh_tts.generation import pick_codes
+from tilevox.models.prefill_stream import PrefillStream
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.region_backends import (
     CHUNK_DECODE,
@@ -60,11 +61,13 @@ from tilevox.models.region_backends import (
     NhPickRows,
     PredictorRows,
     SamplingRows,
+    backend_attribute,
     executor_region_names,
     region_module,
     region_names,
     set_region_backend,
 )
+from tilevox.models.streaming import SpeechModel
 
 __all__ = [
     "BATCH_BUCKETS",
@@ -89,6 +92,7 @@ __all__ = [
     "GraphedTokenSampling",
     "batch_bucket",
     "install_graph_regions",
+    "install_prefill_stream",
     "key_bucket",
     "length_bucket",
 ]
@@ -121,6 +125,9 @@ class GraphOptions:
     # fewer, fused kernels per frame. Batch and length dimensions are compiled dynamic, so a backend
     # compiles twice (batch 1, then every other bucket and length) and the server's warm-up does both.
     compile: bool = False
+    # Prefill on a CUDA stream of its own beside the running streams' steps (models.prefill_stream), for a
+    # model that supports it; see install_prefill_stream.
+    prefill_stream: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= BATCH_BUCKETS[-1]:
@@ -940,3 +947,23 @@ def install_graph_regions(
         log.info("region %s: executor (%s)", name, mode)
         result[name] = None
     return result
+
+
+def install_prefill_stream(model: SpeechModel, options: GraphOptions = GraphOptions()) -> str | None:
+    """Move `model`'s prefills onto a CUDA stream of their own (models.prefill_stream). Its first tokens are
+    drawn by a token-sampling backend of its own when the model's is the executor's (never one backend's
+    graphs on two streams at once). Returns None (installed) or why not (also logged)."""
+    reason = None
+    if model.device.type != "cuda":
+        reason = f"needs a CUDA device (the model is on {model.device})"
+    elif not model.supports_prefill_stream:
+        reason = f"{model.model_id} prefills on the current stream only"
+    if reason is not None:
+        log.warning("prefill stream: %s", reason)
+        return reason
+    sampler = None
+    if isinstance(getattr(model, backend_attribute(TOKEN_SAMPLING), None), GraphedTokenSampling):
+        sampler = GraphedTokenSampling(region_module(model, TOKEN_SAMPLING), options)
+    model.use_prefill_stream(PrefillStream(model.device, token_sampling_backend=sampler))
+    log.info("prefill stream: on (%s token sampling)", "its own graphed" if sampler is not None else "eager")
+    return None

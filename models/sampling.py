@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from tilevox.models.errors import RequestError
+from tilevox.models.host_copy import to_device
 
 __all__ = [
     "SamplingParams",
@@ -106,7 +107,7 @@ def sample_tokens(
         raise ValueError(f"logits must be (B, V), got {tuple(logits.shape)}")
     if not (len(params) == len(generators) == len(previous_tokens) == logits.shape[0]):
         raise ValueError("params, generators and previous_tokens must each have one entry per logits row")
-    stop_ids = torch.tensor(list(stop_token_ids), dtype=torch.long, device=logits.device)
+    stop_ids = to_device(list(stop_token_ids), dtype=torch.long, device=logits.device)
     out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     for row_idx, (p, gen, prev) in enumerate(zip(params, generators, previous_tokens)):
         row = logits[row_idx].float()

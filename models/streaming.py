@@ -156,6 +156,22 @@ class SpeechModel(abc.ABC):
     def supports_speed(self) -> bool:
         return False
 
+    @property
+    def supports_prefill_stream(self) -> bool:
+        """Whether `use_prefill_stream` may move this model's prefills onto their own CUDA stream."""
+        return False
+
+    def use_prefill_stream(self, prefill_stream) -> None:
+        """Prefill on `prefill_stream` (models.prefill_stream.PrefillStream), or on the current stream
+        again (None). Only for a model whose supports_prefill_stream is True."""
+        raise NotImplementedError(f"{type(self).__name__} prefills on the current stream only")
+
+    def is_ready(self, stream_id: int) -> bool:
+        """Whether an open stream's prefill has finished on the device (never blocks). A stream that is
+        not ready may still be stepped: the step then waits for its prefill on the device."""
+        del stream_id
+        return True
+
     def warm_up_batches(self, batch_sizes: Sequence[int]) -> None:
         """Run, once at each of these batch sizes, the batched work that streams reach only late (a codec
         window that grows over a stream's first seconds), so that a backend that captures per shape (the

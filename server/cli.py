@@ -99,6 +99,14 @@ def _add_model_options(p) -> None:
         "executor runs (the serve warm-up captures the buckets of prompts up to about 500 words)",
     )
     p.add_argument(
+        "--prefill-stream",
+        default="off",
+        choices=["on", "off"],
+        help="with the executor on a GPU: prefill admissions on a CUDA stream of their own, beside the running "
+        "streams' steps, which then never wait for a prefill; a new stream joins the steps once its prefill "
+        "has finished (Qwen3-TTS, Llasa)",
+    )
+    p.add_argument(
         "--compile",
         default="off",
         choices=["on", "off"],
@@ -181,7 +189,11 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
         installed = install_megakernel_regions(model, names, _megakernel_options(args))
         on_megakernel = {name for name, reason in installed.items() if reason is None}
     if args.cuda_graphs == "off" or (args.cuda_graphs == "auto" and device != "cuda"):
-        for flag, value in (("--compile", args.compile), ("--graph-prefill", args.graph_prefill)):
+        for flag, value in (
+            ("--compile", args.compile),
+            ("--graph-prefill", args.graph_prefill),
+            ("--prefill-stream", args.prefill_stream),
+        ):
             if value == "on":
                 raise CommandError(
                     f"{flag} on changes how the executor runs its regions: it needs --cuda-graphs on (or auto on a GPU)"
@@ -193,7 +205,19 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
     installed = install_graph_regions(
         model, [name for name in regions if name not in on_megakernel], _graph_options(args)
     )
+    _install_prefill_stream(model, args)
     return any(reason is None for reason in installed.values())
+
+
+def _install_prefill_stream(model, args: argparse.Namespace) -> None:
+    """--prefill-stream on, after the executor's regions (the prefill gets a token sampler of its own)."""
+    if args.prefill_stream != "on":
+        return
+    from tilevox.executor import install_prefill_stream
+
+    reason = install_prefill_stream(model, _graph_options(args))
+    if reason is not None:
+        raise CommandError(f"--prefill-stream on: {reason}")
 
 
 def _megakernel_options(args: argparse.Namespace):
@@ -230,6 +254,7 @@ def _install_plan(model, args: argparse.Namespace, device: str) -> bool:
     )
     for name, dispatch in dispatchers.items():
         log.info("plan %s: region %s: %s", args.plan, name, ", ".join(f"<= {b}: {k}" for b, k, _ in dispatch.choices))
+    _install_prefill_stream(model, args)
     return True
 
 

@@ -498,6 +498,13 @@ class Scheduler:
         buffers = [b for b in buffers if b > 0]
         return min(buffers) if buffers else None
 
+    def _ready(self, running: list[StreamHandle]) -> list[StreamHandle]:
+        """The streams whose prefill has finished (a model prefilling on its own CUDA stream, models.prefill_stream:
+        the others join a later step instead of holding this one up); all of them when none has (the step then
+        waits for the prefills on the device: nothing else could run meanwhile)."""
+        ready = [h for h in running if self.model.is_ready(h.model_stream_id)]
+        return ready or running
+
     def _pick_batch(self, running: list[StreamHandle]) -> list[StreamHandle]:
         if self.newcomer_slack_s is None and len(running) <= self.max_batch:
             return running  # the plain path: everyone, no sorting
@@ -574,7 +581,7 @@ class Scheduler:
                 running = [h for h in running if h.model_stream_id in self._active and not h.is_cancelled]
             if not running:
                 continue
-            batch = self._pick_batch(running)
+            batch = self._pick_batch(self._ready(running))
             if self.profile is not None:
                 self.profile.begin(len(batch))
             self._step(batch)

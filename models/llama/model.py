@@ -383,13 +383,17 @@ class LlamaForCausalLM(nn.Module):
         longest = max(lengths)
         if longest > cache.max_seq_len:
             raise ValueError(f"prefill of {longest} tokens exceeds the cache length {cache.max_seq_len}")
-        tokens = torch.zeros(len(slots), longest, dtype=torch.long, device=self.device)
+        # Padded and checked on the host, then one pinned asynchronous copy: host prompts (the tokenizer's)
+        # never make a prefill wait for the device (a prefill on its own stream: models.prefill_stream).
+        padded = torch.zeros(len(slots), longest, dtype=torch.long)
         for row, prompt in enumerate(prompts):
-            tokens[row, : lengths[row]] = prompt.to(self.device)
-        lowest, highest = int(tokens.min()), int(tokens.max())  # the padding (0) is a valid id
+            padded[row, : lengths[row]] = prompt.to("cpu")
+        lowest, highest = int(padded.min()), int(padded.max())  # the padding (0) is a valid id
         if lowest < 0 or highest >= self.config.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lowest}, {highest}]")
-        return tokens, lengths
+        if self.device.type != "cuda":
+            return padded.to(self.device), lengths
+        return padded.pin_memory().to(self.device, non_blocking=True), lengths
 
     def prefill_tokens(
         self, tokens: torch.Tensor, cache: LlamaKVCache, slots: torch.Tensor, last: torch.Tensor

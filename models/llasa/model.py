@@ -23,6 +23,7 @@ from tilevox.models.errors import RequestError
 from tilevox.models.host_copy import to_device
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.llasa.tokenizer import LlasaTokenizer
+from tilevox.models.prefill_stream import PrefillStream, is_done, join
 from tilevox.models.region_backends import (
     CHUNK_DECODE,
     DECODER_PREFILL,
@@ -60,6 +61,7 @@ class _Stream:
     num_generated: int
     max_new_tokens: int
     codec: XCodec2StreamDecoder
+    prefilled: torch.cuda.Event | None = None  # its prefill on the prefill stream (None: none to wait for)
 
 
 def llasa_region_modules(llama: LlamaForCausalLM) -> dict[str, torch.nn.Module]:
@@ -168,6 +170,7 @@ class LlasaModel(SpeechModel):
         self.token_sampling_backend: TokenSamplingBackend | None = None
         self.decoder_prefill_backend: DecoderPrefillBackend | None = None  # llama.prefill_many
         self.chunk_decode_backend: ChunkDecodeBackend | None = None  # codec.decode_windows
+        self.prefill_stream: PrefillStream | None = None  # see use_prefill_stream
 
     # ---- SpeechModel interface -------------------------------------------------------------
 
@@ -219,10 +222,33 @@ class LlasaModel(SpeechModel):
             raise result
         return result
 
+    @property
+    def supports_prefill_stream(self) -> bool:
+        return True
+
+    def use_prefill_stream(self, prefill_stream: PrefillStream | None) -> None:
+        self.prefill_stream = prefill_stream  # the prefill samples nothing: no token sampler of its own
+
+    def is_ready(self, stream_id: int) -> bool:
+        stream = self._streams.get(stream_id)
+        return stream is None or is_done(stream.prefilled)  # not open: nothing to wait for (step() says why)
+
     @torch.no_grad()
     def open_streams(self, requests: Sequence[SynthesisRequest]) -> list[int | Exception]:
         """Every acceptable request's prompt in one batched prefill (LlamaForCausalLM.prefill_many); a
-        request refused (bad input, no free stream) gets its exception and never fails the others."""
+        request refused (bad input, no free stream) gets its exception and never fails the others. With a
+        prefill stream the prefill runs there (models.prefill_stream), beside the running streams' steps."""
+        if self.prefill_stream is None:
+            return self._open_streams(requests)
+        with self.prefill_stream.launch():
+            out = self._open_streams(requests)
+            ready = self.prefill_stream.ready()
+        for result in out:
+            if not isinstance(result, Exception):
+                self._streams[result].prefilled = ready
+        return out
+
+    def _open_streams(self, requests: Sequence[SynthesisRequest]) -> list[int | Exception]:
         out: list[int | Exception] = []
         accepted: list[tuple[int, list[int], SamplingParams, int]] = []  # (index, prompt, sampling, max new)
         for request in requests:
@@ -245,7 +271,7 @@ class LlasaModel(SpeechModel):
             return out
         slots = [self._cache.allocate() for _ in accepted]
         try:
-            prompts = [torch.tensor(p, dtype=torch.long, device=self.device) for _, p, _, _ in accepted]
+            prompts = [torch.tensor(p, dtype=torch.long) for _, p, _, _ in accepted]  # host: see prompt_batch
             with record_function("tilevox.prefill"):
                 prefill = self.decoder_prefill_backend or self.llama.prefill_many
                 logits = prefill(self._cache, slots, prompts)  # (B, V)
@@ -271,6 +297,13 @@ class LlasaModel(SpeechModel):
         return out
 
     def step(self, stream_ids: Sequence[int]) -> list[AudioChunk]:
+        """See _step; with a prefill stream on the high-priority decode stream (models.prefill_stream)."""
+        if self.prefill_stream is None:
+            return self._step(stream_ids)
+        with self.prefill_stream.decoding():
+            return self._step(stream_ids)
+
+    def _step(self, stream_ids: Sequence[int]) -> list[AudioChunk]:
         ids = list(stream_ids)
         if len(set(ids)) != len(ids):
             raise ValueError(f"stream ids must be distinct, got {ids}")
@@ -280,6 +313,9 @@ class LlasaModel(SpeechModel):
         if not ids:
             return []
         streams = [self._streams[i] for i in ids]
+        for stream in streams:  # a stream whose prefill may still run: this step waits for it on the device
+            join(stream.prefilled, self.device)
+            stream.prefilled = None
         with record_function("tilevox.sampling"):
             logits = torch.stack([s.pending_logits for s in streams]).float() + self._logit_mask  # (B, V)
             tokens = draw_tokens(

@@ -22,6 +22,7 @@ from torch.profiler import record_function
 
 from tilevox.models.errors import RequestError
 from tilevox.models.host_copy import to_device, to_host
+from tilevox.models.prefill_stream import PrefillStream, is_done, join
 from tilevox.models.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig, TtsModelType
 from tilevox.models.qwen3_tts.layers import CacheView, KVCache
 from tilevox.models.qwen3_tts.prompt import PromptSpec, TextLayout, build_layout, embed_layout
@@ -113,6 +114,7 @@ class _Stream:
     decoder_state: object  # official_chunked: its ChunkedDecoderState; exact: None (row `slot` of the codec pool)
     pending_frames: list[torch.Tensor] = field(default_factory=list)  # (Q,) codes awaiting decode
     num_steps: int = 0
+    prefilled: torch.cuda.Event | None = None  # its prefill on the prefill stream (None: none to wait for)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -199,6 +201,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
         self.codec_decode_backend: CodecDecodeBackend | None = None  # codec_decoder.decode_slots
         self.token_sampling_backend: TokenSamplingBackend | None = None  # sample_tokens of codebook 0
         self.talker_prefill_backend: TalkerPrefillBackend | None = None  # talker.forward_prompts
+        self.prefill_stream: PrefillStream | None = None  # see use_prefill_stream
         tc = config.talker
         self._eos = tc.codec_eos_token_id
         # The official generate() suppresses the top 1024 codec ids except EOS.
@@ -331,11 +334,34 @@ class Qwen3TTSSpeechModel(SpeechModel):
             raise result
         return result
 
+    @property
+    def supports_prefill_stream(self) -> bool:
+        return True
+
+    def use_prefill_stream(self, prefill_stream: PrefillStream | None) -> None:
+        self.prefill_stream = prefill_stream
+
+    def is_ready(self, stream_id: int) -> bool:
+        stream = self._streams.get(stream_id)
+        return stream is None or is_done(stream.prefilled)  # not open: nothing to wait for (step() says why)
+
     @torch.no_grad()
     def open_streams(self, requests: Sequence[SynthesisRequest]) -> list[int | Exception]:
         """Prepare each request (prompt layout, voice, codec state), then run every prompt in one batched
         talker prefill (right-padded to the longest; padding sits after each row's prompt, so causal
-        attention keeps it out of the prompt, and decode overwrites it before any step can read it)."""
+        attention keeps it out of the prompt, and decode overwrites it before any step can read it).
+        With a prefill stream all of it runs there (models.prefill_stream), beside the running streams' steps."""
+        if self.prefill_stream is None:
+            return self._open_streams(requests)
+        with self.prefill_stream.launch():
+            out = self._open_streams(requests)
+            ready = self.prefill_stream.ready()
+        for result in out:
+            if not isinstance(result, Exception):
+                self._streams[result].prefilled = ready
+        return out
+
+    def _open_streams(self, requests: Sequence[SynthesisRequest]) -> list[int | Exception]:
         out: list[int | Exception] = []
         prepared: list[tuple[int, _Prepared]] = []
         for index, request in enumerate(requests):
@@ -381,7 +407,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
                     self.codec_decoder.decode_incremental(ref, decoder_state)
         prefill = embed_layout(layout, self.talker, speaker_vector=speaker_vector, ref_codes=ref_codes)
         trailing = (
-            self.talker.embed_text(torch.tensor(layout.trailing_text_ids, device=self.device, dtype=torch.long))
+            self.talker.embed_text(to_device(layout.trailing_text_ids, dtype=torch.long, device=self.device))
             if layout.trailing_text_ids
             else prefill.new_zeros(0, prefill.shape[1])
         )
@@ -439,7 +465,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
                     )
                 )
             if self._codec_pool is not None:  # each stream's fresh (or voice-primed) codec state into its row
-                self._codec_pool.put(slots, DecoderState.cat([p.decoder_state for p in prepared]))
+                self._codec_pool.put(view.slots, DecoderState.cat([p.decoder_state for p in prepared]))
                 for stream in streams:
                     stream.decoder_state = None
             first = self._sample_talker(streams, logits)
@@ -474,7 +500,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
         self._observe("talker", streams, -1, logits)
         logits = logits.float().masked_fill(self._suppress, float("-inf"))
         tokens = draw_tokens(
-            self.token_sampling_backend,
+            self._token_sampler(),
             logits,
             [s.talker_params for s in streams],
             [s.generator for s in streams],
@@ -485,6 +511,13 @@ class Qwen3TTSSpeechModel(SpeechModel):
             s.generated[s.num_generated] = tokens[row]
             s.num_generated += 1
         return tokens
+
+    def _token_sampler(self) -> TokenSamplingBackend | None:
+        """The token-sampling backend for work on the current stream: on the prefill stream its own, since
+        graph backends never replay on two streams at once (models.prefill_stream)."""
+        if self.prefill_stream is not None and torch.cuda.current_stream(self.device) == self.prefill_stream.stream:
+            return self.prefill_stream.token_sampling_backend
+        return self.token_sampling_backend
 
     def _predictor_chooser(self, streams: Sequence[_Stream]) -> Callable[[int, torch.Tensor], torch.Tensor]:
         params = [s.predictor_params for s in streams]
@@ -501,6 +534,13 @@ class Qwen3TTSSpeechModel(SpeechModel):
 
     @torch.no_grad()
     def step(self, stream_ids: Sequence[int]) -> list[AudioChunk]:
+        """See _step; with a prefill stream on the high-priority decode stream (models.prefill_stream)."""
+        if self.prefill_stream is None:
+            return self._step(stream_ids)
+        with self.prefill_stream.decoding():
+            return self._step(stream_ids)
+
+    def _step(self, stream_ids: Sequence[int]) -> list[AudioChunk]:
         """One frame for every listed stream. A stream stops when EOS is sampled (the EOS frame is
         not emitted) or after max_new_tokens codebook-0 tokens (the last one is discarded, as
         upstream). The code predictor samples without repetition penalty, from its own params."""
@@ -517,6 +557,9 @@ class Qwen3TTSSpeechModel(SpeechModel):
         streams = [self._streams[i] for i in stream_ids if i not in spent]
         if not streams:
             return [self._finish_empty(i) for i in stream_ids]
+        for s in streams:  # a stream whose prefill may still run: this step waits for it on the device
+            join(s.prefilled, self.device)
+            s.prefilled = None
         hidden = torch.stack([s.hidden for s in streams])  # (B, H)
         code0 = torch.stack([s.code0 for s in streams])  # (B,)
         code0_embedding, choose = self.talker.embed_codec(code0), self._predictor_chooser(streams)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from tilevox.models.errors import RequestError
+from tilevox.models.host_copy import to_device
 from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
 from tilevox.models.qwen3_tts.tokenizer import TextTokenizer
 
@@ -156,13 +157,17 @@ def embed_layout(
     hidden_size = talker.codec_head.weight.shape[1]
     text_pos = [p for p, t in enumerate(layout.text_ids) if t is not None]
     rows = torch.zeros(len(layout), hidden_size, device=device, dtype=talker.codec_head.weight.dtype)
+    # Ids and positions reach the device through pinned asynchronous copies: no host synchronisation, so
+    # that a prefill on its own stream (models.prefill_stream) never waits for the work queued before it.
     if text_pos:
-        ids = torch.tensor([layout.text_ids[p] for p in text_pos], device=device)
-        rows[text_pos] = talker.embed_text(ids)
+        ids = to_device([layout.text_ids[p] for p in text_pos], dtype=torch.long, device=device)
+        where = to_device(text_pos, dtype=torch.long, device=device)
+        rows.index_put_((where,), talker.embed_text(ids))
     codec_pos = [p for p, c in enumerate(layout.codec_ids) if c is not None and c >= 0]
     if codec_pos:
-        ids = torch.tensor([layout.codec_ids[p] for p in codec_pos], device=device)
-        rows[codec_pos] += talker.embed_codec(ids)
+        ids = to_device([layout.codec_ids[p] for p in codec_pos], dtype=torch.long, device=device)
+        where = to_device(codec_pos, dtype=torch.long, device=device)
+        rows.index_put_((where,), rows.index_select(0, where) + talker.embed_codec(ids))
     for p, c in enumerate(layout.codec_ids):
         if c is None or c >= 0:
             continue

@@ -488,3 +488,54 @@ def test_a_burst_right_after_first_audio_is_admitted_within_the_playing_streams_
     outs = _run(main())
     assert all(out.size for out in outs) and sum(calls) == 31
     assert calls[1] <= 3 if prefill_budget else calls[1] == 8, calls
+
+
+class _LatePrefills(FakeSpeechModel):
+    """A model whose prefills finish on the device `late` steps after open_streams returns (as a prefill on
+    its own CUDA stream, models.prefill_stream): is_ready says so, and stepping a stream early is recorded."""
+
+    def __init__(self, late: int, **kw) -> None:
+        super().__init__(**kw)
+        self.late = late
+        self.ready_at: dict[int, int] = {}  # stream id -> len(step_log) from which it is ready
+        self.stepped_early: list[tuple[int, int]] = []  # (stream id, step) stepped before ready
+
+    def open_stream(self, request):
+        sid = super().open_stream(request)
+        self.ready_at[sid] = len(self.step_log) + self.late
+        return sid
+
+    def is_ready(self, stream_id: int) -> bool:
+        return len(self.step_log) >= self.ready_at.get(stream_id, 0)
+
+    def step(self, stream_ids):
+        self.stepped_early += [(i, len(self.step_log)) for i in stream_ids if not self.is_ready(i)]
+        return super().step(stream_ids)
+
+
+def test_running_streams_step_while_an_admission_prefills_and_it_joins_once_ready(sched_factory):
+    """Streams step on while a new stream's prefill is unfinished; the new stream joins the first step after
+    its prefill finished; a stream alone with an unfinished prefill is stepped anyway (the step waits for it
+    on the device), so the worker never spins; every stream's audio is its solo audio."""
+    model = _LatePrefills(late=3, step_delay_s=0.002)
+    sched = sched_factory(model, max_active=8, max_queued=8)
+    first_req, later_req = _req("running " * 10, seed=1), _req("admitted later", seed=2)
+
+    async def main():
+        first = sched.submit(first_req)
+        while len(model.step_log) < 4:  # the first stream's own prefill has finished (ready from step 3)
+            await asyncio.sleep(0.001)
+        later = sched.submit(later_req)
+        return await asyncio.gather(first.collect(), later.collect())
+
+    first_out, later_out = _run(main())
+    np.testing.assert_array_equal(first_out, model.expected(first_req))
+    np.testing.assert_array_equal(later_out, model.expected(later_req))
+    first_id, later_id = 0, 1
+    later_steps = [n for n, ids in enumerate(model.step_log) if later_id in ids]
+    assert later_steps[0] == model.ready_at[later_id]  # joined at the first step once ready, not before
+    opened = model.open_at_step[later_id]
+    assert all(ids == (first_id,) for ids in model.step_log[opened : later_steps[0]])  # the others went on
+    assert len(model.step_log[opened : later_steps[0]]) == 3
+    # The first stream, alone and not ready, was stepped at once (the device would have waited for it).
+    assert model.stepped_early == [(first_id, 0), (first_id, 1), (first_id, 2)]

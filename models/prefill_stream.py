@@ -1,0 +1,87 @@
+"""Prompts prefilled on their own CUDA stream, so that running streams never wait for an admission.
+
+A model that supports it (SpeechModel.supports_prefill_stream) runs the whole of `open_streams` (prompt
+embedding, the batched prefill, the first sample) inside `PrefillStream.launch()`, records a `ready()` event
+per admission batch, and keeps it with each new stream. The decode step of the running streams goes on, on
+a stream of higher priority (`decoding()`), while the prefill runs beside it; the scheduler steps a new stream only once
+its event has completed (SpeechModel.is_ready), and a step that gets one earlier makes the current stream
+wait for it on the device (`join`), never the host.
+
+What makes the two streams safe together:
+  * They touch disjoint rows of the shared state: a prefill writes only its new streams' KV-cache slots and
+    codec-state rows (both row-indexed), and a step reads and writes only the rows of the streams it
+    steps, each of them ready.
+  * Graph backends never run on both streams at once: each executor backend owns its graphs' memory pool
+    and static buffers, so the prefill draws its first tokens with a token-sampling backend of its own
+    (`token_sampling_backend`, None for the model's eager sampler), never the one the step replays.
+  * Tensors the prefill allocates and a step later reads (the prompt's last hidden state, its logits) are
+    freed only by host code after a step has synchronised the current stream, so the caching allocator can
+    hand their blocks to the next prefill only once no step reads them any more.
+  * `launch()` orders the prefill after the current stream's queued work (a slot freed by a finished
+    stream is rewritten only after that stream's last step), and nothing inside it synchronises the host:
+    prompts reach the device through pinned asynchronous copies (models.host_copy.to_device), which the
+    GPU test tests/executor/test_prefill_stream_cuda.py checks by queueing a long sleep on the prefill
+    stream first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+_HIGHEST_PRIORITY = -5  # torch.cuda.Stream clamps it to the device's range (H100/H200: -5 .. 0, lower first)
+
+
+@dataclass
+class PrefillStream:
+    device: torch.device
+    token_sampling_backend: object | None = None  # the prefill's own (see the module docstring)
+    stream: torch.cuda.Stream = field(init=False)  # the prefills: the default (lowest) priority
+    decode_stream: torch.cuda.Stream = field(init=False)  # the steps: the highest priority
+
+    def __post_init__(self) -> None:
+        if self.device.type != "cuda":
+            raise ValueError(f"a prefill stream needs a CUDA device, got {self.device}")
+        self.stream = torch.cuda.Stream(self.device)
+        # A step's blocks are scheduled before a prefill's waiting ones: prefill GEMMs queued first would
+        # otherwise hold the SMs while the running streams' small kernels wait behind them.
+        self.decode_stream = torch.cuda.Stream(self.device, priority=_HIGHEST_PRIORITY)
+
+    @contextlib.contextmanager
+    def decoding(self) -> Iterator[None]:
+        """Run the block's GPU work (a step) on the high-priority decode stream, ordered after the current
+        stream's queued work and before what is queued on it afterwards."""
+        current = torch.cuda.current_stream(self.device)
+        self.decode_stream.wait_stream(current)
+        try:
+            with torch.cuda.stream(self.decode_stream):
+                yield
+        finally:
+            current.wait_stream(self.decode_stream)
+
+    @contextlib.contextmanager
+    def launch(self) -> Iterator[None]:
+        """Run the block's GPU work on the prefill stream, after the current stream's queued work."""
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            yield
+
+    def ready(self) -> torch.cuda.Event:
+        """An event that completes when everything launched so far on the prefill stream has run."""
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
+
+def is_done(event: torch.cuda.Event | None) -> bool:
+    """Whether a stream's prefill event has completed (None: there was none to wait for); never blocks."""
+    return event is None or event.query()
+
+
+def join(event: torch.cuda.Event | None, device: torch.device) -> None:
+    """Make the current stream wait, on the device, for a stream's prefill event (None: nothing to wait for)."""
+    if event is not None:
+        torch.cuda.current_stream(device).wait_event(event)
