@@ -16,6 +16,7 @@ from tilevox.executor.graphs import (
     GraphedDecoderStep,
     GraphedTalkerStep,
     GraphOptions,
+    install_codec_stream,
     install_graph_regions,
     install_prefill_stream,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "GraphedCodePredictorLoop",
     "GraphedDecoderStep",
     "GraphedTalkerStep",
+    "install_codec_stream",
     "install_graph_regions",
     "install_prefill_stream",
     "sample_rows",

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import torch
 
 from tilevox.executor.sampling import filter_plan, nh_pick_codes, sample_next_tokens, sample_rows
+from tilevox.models.cuda_streams import PrefillStream, new_codec_stream
 from tilevox.models.nh_tts.generation import pick_codes
-from tilevox.models.prefill_stream import PrefillStream
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.region_backends import (
     CHUNK_DECODE,
@@ -91,6 +91,7 @@ __all__ = [
     "GraphedTalkerStep",
     "GraphedTokenSampling",
     "batch_bucket",
+    "install_codec_stream",
     "install_graph_regions",
     "install_prefill_stream",
     "key_bucket",
@@ -125,7 +126,7 @@ class GraphOptions:
     # fewer, fused kernels per frame. Batch and length dimensions are compiled dynamic, so a backend
     # compiles twice (batch 1, then every other bucket and length) and the server's warm-up does both.
     compile: bool = False
-    # Prefill on a CUDA stream of its own beside the running streams' steps (models.prefill_stream), for a
+    # Prefill on a CUDA stream of its own beside the running streams' steps (models.cuda_streams), for a
     # model that supports it; see install_prefill_stream.
     prefill_stream: bool = False
 
@@ -949,8 +950,24 @@ def install_graph_regions(
     return result
 
 
+def install_codec_stream(model: SpeechModel) -> str | None:
+    """Run each step's codec decode on a CUDA stream of its own, beside the talker (decoder) step
+    (models.cuda_streams). Returns None (installed) or why not (also logged)."""
+    reason = None
+    if model.device.type != "cuda":
+        reason = f"needs a CUDA device (the model is on {model.device})"
+    elif not model.supports_codec_stream:
+        reason = f"{model.model_id} decodes audio on the current stream only"
+    if reason is not None:
+        log.warning("codec stream: %s", reason)
+        return reason
+    model.use_codec_stream(new_codec_stream(model.device))
+    log.info("codec stream: on")
+    return None
+
+
 def install_prefill_stream(model: SpeechModel, options: GraphOptions = GraphOptions()) -> str | None:
-    """Move `model`'s prefills onto a CUDA stream of their own (models.prefill_stream). Its first tokens are
+    """Move `model`'s prefills onto a CUDA stream of their own (models.cuda_streams). Its first tokens are
     drawn by a token-sampling backend of its own when the model's is the executor's (never one backend's
     graphs on two streams at once). Returns None (installed) or why not (also logged)."""
     reason = None

@@ -162,9 +162,19 @@ class SpeechModel(abc.ABC):
         return False
 
     def use_prefill_stream(self, prefill_stream) -> None:
-        """Prefill on `prefill_stream` (models.prefill_stream.PrefillStream), or on the current stream
+        """Prefill on `prefill_stream` (models.cuda_streams.PrefillStream), or on the current stream
         again (None). Only for a model whose supports_prefill_stream is True."""
         raise NotImplementedError(f"{type(self).__name__} prefills on the current stream only")
+
+    @property
+    def supports_codec_stream(self) -> bool:
+        """Whether `use_codec_stream` may move this model's step codec decode onto a CUDA stream of its own."""
+        return False
+
+    def use_codec_stream(self, codec_stream) -> None:
+        """Run each step's codec decode on `codec_stream` (a torch.cuda.Stream, models.cuda_streams), beside
+        the step's other work, or on the current stream again (None)."""
+        raise NotImplementedError(f"{type(self).__name__} decodes audio on the current stream only")
 
     def is_ready(self, stream_id: int) -> bool:
         """Whether an open stream's prefill has finished on the device (never blocks). A stream that is

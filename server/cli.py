@@ -107,6 +107,13 @@ def _add_model_options(p) -> None:
         "has finished (Qwen3-TTS, Llasa)",
     )
     p.add_argument(
+        "--codec-stream",
+        default="off",
+        choices=["on", "off"],
+        help="with the executor on a GPU: each step's codec decode on a CUDA stream of its own, overlapping the "
+        "talker (decoder) step that follows it (Qwen3-TTS, Llasa)",
+    )
+    p.add_argument(
         "--compile",
         default="off",
         choices=["on", "off"],
@@ -193,6 +200,7 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
             ("--compile", args.compile),
             ("--graph-prefill", args.graph_prefill),
             ("--prefill-stream", args.prefill_stream),
+            ("--codec-stream", args.codec_stream),
         ):
             if value == "on":
                 raise CommandError(
@@ -205,19 +213,23 @@ def _install_regions(model, args: argparse.Namespace, device: str) -> bool:
     installed = install_graph_regions(
         model, [name for name in regions if name not in on_megakernel], _graph_options(args)
     )
-    _install_prefill_stream(model, args)
+    _install_streams(model, args)
     return any(reason is None for reason in installed.values())
 
 
-def _install_prefill_stream(model, args: argparse.Namespace) -> None:
-    """--prefill-stream on, after the executor's regions (the prefill gets a token sampler of its own)."""
-    if args.prefill_stream != "on":
-        return
-    from tilevox.executor import install_prefill_stream
+def _install_streams(model, args: argparse.Namespace) -> None:
+    """--prefill-stream and --codec-stream on, after the executor's regions (the prefill gets a token sampler
+    of its own)."""
+    from tilevox.executor import install_codec_stream, install_prefill_stream
 
-    reason = install_prefill_stream(model, _graph_options(args))
-    if reason is not None:
-        raise CommandError(f"--prefill-stream on: {reason}")
+    if args.prefill_stream == "on":
+        reason = install_prefill_stream(model, _graph_options(args))
+        if reason is not None:
+            raise CommandError(f"--prefill-stream on: {reason}")
+    if args.codec_stream == "on":
+        reason = install_codec_stream(model)
+        if reason is not None:
+            raise CommandError(f"--codec-stream on: {reason}")
 
 
 def _megakernel_options(args: argparse.Namespace):
@@ -254,7 +266,7 @@ def _install_plan(model, args: argparse.Namespace, device: str) -> bool:
     )
     for name, dispatch in dispatchers.items():
         log.info("plan %s: region %s: %s", args.plan, name, ", ".join(f"<= {b}: {k}" for b, k, _ in dispatch.choices))
-    _install_prefill_stream(model, args)
+    _install_streams(model, args)
     return True
 
 

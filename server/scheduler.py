@@ -499,7 +499,7 @@ class Scheduler:
         return min(buffers) if buffers else None
 
     def _ready(self, running: list[StreamHandle]) -> list[StreamHandle]:
-        """The streams whose prefill has finished (a model prefilling on its own CUDA stream, models.prefill_stream:
+        """The streams whose prefill has finished (a model prefilling on its own CUDA stream, models.cuda_streams:
         the others join a later step instead of holding this one up); all of them when none has (the step then
         waits for the prefills on the device: nothing else could run meanwhile)."""
         ready = [h for h in running if self.model.is_ready(h.model_stream_id)]

@@ -384,7 +384,7 @@ class LlamaForCausalLM(nn.Module):
         if longest > cache.max_seq_len:
             raise ValueError(f"prefill of {longest} tokens exceeds the cache length {cache.max_seq_len}")
         # Padded and checked on the host, then one pinned asynchronous copy: host prompts (the tokenizer's)
-        # never make a prefill wait for the device (a prefill on its own stream: models.prefill_stream).
+        # never make a prefill wait for the device (a prefill on its own stream: models.cuda_streams).
         padded = torch.zeros(len(slots), longest, dtype=torch.long)
         for row, prompt in enumerate(prompts):
             padded[row, : lengths[row]] = prompt.to("cpu")

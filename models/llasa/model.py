@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
+from tilevox.models.cuda_streams import PrefillStream, beside, is_done, join
 from tilevox.models.errors import RequestError
 from tilevox.models.host_copy import to_device
 from tilevox.models.llama.model import LlamaForCausalLM, LlamaKVCache
 from tilevox.models.llasa.tokenizer import LlasaTokenizer
-from tilevox.models.prefill_stream import PrefillStream, is_done, join
 from tilevox.models.region_backends import (
     CHUNK_DECODE,
     DECODER_PREFILL,
@@ -96,10 +96,14 @@ class LlasaModel(SpeechModel):
         if self.chunk_decode_backend is None:
             return  # the plain path captures nothing
         windows = XCodec2StreamDecoder(self.codec, **self._codec_options).block_window_frames()
-        for batch in batch_sizes:
-            for frames in windows:
-                codes = torch.zeros(batch, frames, dtype=torch.long, device=self.device)
-                self.chunk_decode_backend(codes, torch.full((batch,), frames, dtype=torch.long, device=self.device))
+        with beside(self.codec_stream, self.device):  # where the steps replay these graphs
+            for batch in batch_sizes:
+                for frames in windows:
+                    codes = torch.zeros(batch, frames, dtype=torch.long, device=self.device)
+                    lengths = torch.full((batch,), frames, dtype=torch.long, device=self.device)
+                    self.chunk_decode_backend(codes, lengths)
+        if self.codec_stream is not None:
+            self.codec_stream.synchronize()
 
     def executor_region_modules(self) -> dict[str, torch.nn.Module]:
         return {TOKEN_SAMPLING: self.llama.lm_head, DECODER_PREFILL: self.llama, CHUNK_DECODE: self.codec}
@@ -171,6 +175,7 @@ class LlasaModel(SpeechModel):
         self.decoder_prefill_backend: DecoderPrefillBackend | None = None  # llama.prefill_many
         self.chunk_decode_backend: ChunkDecodeBackend | None = None  # codec.decode_windows
         self.prefill_stream: PrefillStream | None = None  # see use_prefill_stream
+        self.codec_stream: torch.cuda.Stream | None = None  # see use_codec_stream
 
     # ---- SpeechModel interface -------------------------------------------------------------
 
@@ -229,6 +234,13 @@ class LlasaModel(SpeechModel):
     def use_prefill_stream(self, prefill_stream: PrefillStream | None) -> None:
         self.prefill_stream = prefill_stream  # the prefill samples nothing: no token sampler of its own
 
+    @property
+    def supports_codec_stream(self) -> bool:
+        return True
+
+    def use_codec_stream(self, codec_stream: torch.cuda.Stream | None) -> None:
+        self.codec_stream = codec_stream
+
     def is_ready(self, stream_id: int) -> bool:
         stream = self._streams.get(stream_id)
         return stream is None or is_done(stream.prefilled)  # not open: nothing to wait for (step() says why)
@@ -237,7 +249,7 @@ class LlasaModel(SpeechModel):
     def open_streams(self, requests: Sequence[SynthesisRequest]) -> list[int | Exception]:
         """Every acceptable request's prompt in one batched prefill (LlamaForCausalLM.prefill_many); a
         request refused (bad input, no free stream) gets its exception and never fails the others. With a
-        prefill stream the prefill runs there (models.prefill_stream), beside the running streams' steps."""
+        prefill stream the prefill runs there (models.cuda_streams), beside the running streams' steps."""
         if self.prefill_stream is None:
             return self._open_streams(requests)
         with self.prefill_stream.launch():
@@ -297,7 +309,7 @@ class LlasaModel(SpeechModel):
         return out
 
     def step(self, stream_ids: Sequence[int]) -> list[AudioChunk]:
-        """See _step; with a prefill stream on the high-priority decode stream (models.prefill_stream)."""
+        """See _step; with a prefill stream on the high-priority decode stream (models.cuda_streams)."""
         if self.prefill_stream is None:
             return self._step(stream_ids)
         with self.prefill_stream.decoding():
@@ -345,7 +357,9 @@ class LlasaModel(SpeechModel):
                 device=self.device,
             )  # (P, 3): batch row, slot, position
             self._generated[where[:, 1], where[:, 2]] = tokens[where[:, 0]]
-        with record_function("tilevox.codec_decode"):
+        # On the codec stream, if any (models.cuda_streams): beside the decoder step; every codec launch of
+        # the step goes there (its flushes too), so the chunk-decode graphs replay on one stream only.
+        with record_function("tilevox.codec_decode"), beside(self.codec_stream, self.device):
             # Every stream's due blocks in one decoder call (windows right-padded and masked). The logit
             # mask admits speech tokens (and the end token, handled above) only, so the codes need no
             # range check. Launched now, waited for after the decoder step is launched.
@@ -366,16 +380,14 @@ class LlasaModel(SpeechModel):
             for out_row, row in enumerate(going_on):
                 streams[row].pending_logits = next_logits[out_row]
         for row in stopped:
-            chunks[row] = AudioChunk(
-                ids[row], streams[row].codec.flush(self.chunk_decode_backend), 0, FinishReason.STOP
-            )
+            chunks[row] = AudioChunk(ids[row], self._flush(streams[row]), 0, FinishReason.STOP)
             self._release(ids[row])
         with record_function("tilevox.codec_wait"):
             audio = pending.finish()
         for row, samples in zip(pushed, audio, strict=True):
             stream_id, stream = ids[row], streams[row]
             if stream.num_generated >= stream.max_new_tokens:
-                samples = np.concatenate([samples, stream.codec.flush(self.chunk_decode_backend)])
+                samples = np.concatenate([samples, self._flush(stream)])
                 chunks[row] = AudioChunk(stream_id, samples, 1, FinishReason.LENGTH)
                 self._release(stream_id)
                 continue
@@ -384,6 +396,10 @@ class LlasaModel(SpeechModel):
         if missing:
             raise RuntimeError(f"step produced no chunk for streams {missing}")
         return chunks
+
+    def _flush(self, stream: _Stream) -> np.ndarray:
+        with beside(self.codec_stream, self.device):
+            return stream.codec.flush(self.chunk_decode_backend)
 
     def close(self, stream_id: int) -> bool:
         if stream_id not in self._streams:

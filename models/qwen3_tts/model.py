@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
+from tilevox.models.cuda_streams import PrefillStream, beside, is_done, join
 from tilevox.models.errors import RequestError
 from tilevox.models.host_copy import to_device, to_host
-from tilevox.models.prefill_stream import PrefillStream, is_done, join
 from tilevox.models.qwen3_tts.config import GenerationDefaults, Qwen3TTSConfig, TtsModelType
 from tilevox.models.qwen3_tts.layers import CacheView, KVCache
 from tilevox.models.qwen3_tts.prompt import PromptSpec, TextLayout, build_layout, embed_layout
@@ -202,6 +202,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
         self.token_sampling_backend: TokenSamplingBackend | None = None  # sample_tokens of codebook 0
         self.talker_prefill_backend: TalkerPrefillBackend | None = None  # talker.forward_prompts
         self.prefill_stream: PrefillStream | None = None  # see use_prefill_stream
+        self.codec_stream: torch.cuda.Stream | None = None  # see use_codec_stream
         tc = config.talker
         self._eos = tc.codec_eos_token_id
         # The official generate() suppresses the top 1024 codec ids except EOS.
@@ -341,6 +342,13 @@ class Qwen3TTSSpeechModel(SpeechModel):
     def use_prefill_stream(self, prefill_stream: PrefillStream | None) -> None:
         self.prefill_stream = prefill_stream
 
+    @property
+    def supports_codec_stream(self) -> bool:
+        return True
+
+    def use_codec_stream(self, codec_stream: torch.cuda.Stream | None) -> None:
+        self.codec_stream = codec_stream
+
     def is_ready(self, stream_id: int) -> bool:
         stream = self._streams.get(stream_id)
         return stream is None or is_done(stream.prefilled)  # not open: nothing to wait for (step() says why)
@@ -350,7 +358,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
         """Prepare each request (prompt layout, voice, codec state), then run every prompt in one batched
         talker prefill (right-padded to the longest; padding sits after each row's prompt, so causal
         attention keeps it out of the prompt, and decode overwrites it before any step can read it).
-        With a prefill stream all of it runs there (models.prefill_stream), beside the running streams' steps."""
+        With a prefill stream all of it runs there (models.cuda_streams), beside the running streams' steps."""
         if self.prefill_stream is None:
             return self._open_streams(requests)
         with self.prefill_stream.launch():
@@ -514,7 +522,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
 
     def _token_sampler(self) -> TokenSamplingBackend | None:
         """The token-sampling backend for work on the current stream: on the prefill stream its own, since
-        graph backends never replay on two streams at once (models.prefill_stream)."""
+        graph backends never replay on two streams at once (models.cuda_streams)."""
         if self.prefill_stream is not None and torch.cuda.current_stream(self.device) == self.prefill_stream.stream:
             return self.prefill_stream.token_sampling_backend
         return self.token_sampling_backend
@@ -534,7 +542,7 @@ class Qwen3TTSSpeechModel(SpeechModel):
 
     @torch.no_grad()
     def step(self, stream_ids: Sequence[int]) -> list[AudioChunk]:
-        """See _step; with a prefill stream on the high-priority decode stream (models.prefill_stream)."""
+        """See _step; with a prefill stream on the high-priority decode stream (models.cuda_streams)."""
         if self.prefill_stream is None:
             return self._step(stream_ids)
         with self.prefill_stream.decoding():
@@ -585,8 +593,8 @@ class Qwen3TTSSpeechModel(SpeechModel):
         # samples next: launched now, ahead of the talker step, and read after the step's one wait.
         decode_now = self.options.audio_every_frames == 1 and self.options.decode_mode == "exact"
         launched = []
-        if decode_now:
-            with record_function("tilevox.codec_decode"):
+        if decode_now:  # on the codec stream, if any: beside the talker step (models.cuda_streams)
+            with record_function("tilevox.codec_decode"), beside(self.codec_stream, self.device):
                 launched = self._launch_decode(streams)
         text_rows = torch.stack(
             [
@@ -610,6 +618,8 @@ class Qwen3TTSSpeechModel(SpeechModel):
             eos_host = to_host(next_code0 == self._eos)
         with record_function("tilevox.host_wait"):  # the step's one wait: EOS flags and the new samples
             _synchronize(self.device)
+            if decode_now and self.codec_stream is not None:
+                self.codec_stream.synchronize()
         is_eos = eos_host.tolist()
 
         finish: list[FinishReason | None] = []

@@ -158,7 +158,7 @@ def embed_layout(
     text_pos = [p for p, t in enumerate(layout.text_ids) if t is not None]
     rows = torch.zeros(len(layout), hidden_size, device=device, dtype=talker.codec_head.weight.dtype)
     # Ids and positions reach the device through pinned asynchronous copies: no host synchronisation, so
-    # that a prefill on its own stream (models.prefill_stream) never waits for the work queued before it.
+    # that a prefill on its own stream (models.cuda_streams) never waits for the work queued before it.
     if text_pos:
         ids = to_device([layout.text_ids[p] for p in text_pos], dtype=torch.long, device=device)
         where = to_device(text_pos, dtype=torch.long, device=device)

@@ -162,12 +162,13 @@ def test_synth_graph_prefill_flag_installs_the_prefill_region(tmp_path, caplog):
     assert not any("talker_prefill" in r.getMessage() for r in caplog.records)
 
 
-def test_synth_prefill_stream_needs_a_gpu(tmp_path, capsys):
-    """--prefill-stream on moves prefills onto a CUDA stream of their own: on a CPU it is a usage error,
-    without the executor (naming the fix) and with it (the executor says it needs a CUDA device)."""
+@pytest.mark.parametrize("flag", ["--prefill-stream", "--codec-stream"])
+def test_synth_side_streams_need_a_gpu(tmp_path, capsys, flag):
+    """--prefill-stream / --codec-stream on move work onto CUDA streams of its own: on a CPU it is a usage
+    error, without the executor (naming the fix) and with it (the executor says it needs a CUDA device)."""
     argv = ["synth", "--model", "random:qwen3-tts-tiny", "--text", "Hi", "--out", str(tmp_path / "x.wav")]
-    assert main([*argv, "--prefill-stream", "on", "--quiet"]) != 0
+    assert main([*argv, flag, "on", "--quiet"]) != 0
     assert "needs --cuda-graphs on" in capsys.readouterr().err
-    assert main([*argv, "--prefill-stream", "on", "--cuda-graphs", "on", "--quiet"]) != 0
-    assert "--prefill-stream on: needs a CUDA device" in capsys.readouterr().err
+    assert main([*argv, flag, "on", "--cuda-graphs", "on", "--quiet"]) != 0
+    assert f"{flag} on: needs a CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "x.wav").exists()

@@ -492,7 +492,7 @@ def test_a_burst_right_after_first_audio_is_admitted_within_the_playing_streams_
 
 class _LatePrefills(FakeSpeechModel):
     """A model whose prefills finish on the device `late` steps after open_streams returns (as a prefill on
-    its own CUDA stream, models.prefill_stream): is_ready says so, and stepping a stream early is recorded."""
+    its own CUDA stream, models.cuda_streams): is_ready says so, and stepping a stream early is recorded."""
 
     def __init__(self, late: int, **kw) -> None:
         super().__init__(**kw)

@@ -1,4 +1,12 @@
-"""Prompts prefilled on their own CUDA stream, so that running streams never wait for an admission.
+"""The CUDA streams a model's work may run on beside the device's current stream.
+
+Codec stream (`new_codec_stream`, `beside`): a step's codec decode of the frames it has just sampled runs
+on a stream of its own, overlapping the talker (decoder) step that follows it; the step's one host wait
+covers both. Only the step launches codec work, always there once installed (a codec backend's graphs
+never replay on two streams at once), and the streams it decodes are ready ones, so it reads rows no
+prefill writes.
+
+Prefill stream: prompts prefilled on their own CUDA stream, so that running streams never wait for an admission.
 
 A model that supports it (SpeechModel.supports_prefill_stream) runs the whole of `open_streams` (prompt
 embedding, the batched prefill, the first sample) inside `PrefillStream.launch()`, records a `ready()` event
@@ -85,3 +93,22 @@ def join(event: torch.cuda.Event | None, device: torch.device) -> None:
     """Make the current stream wait, on the device, for a stream's prefill event (None: nothing to wait for)."""
     if event is not None:
         torch.cuda.current_stream(device).wait_event(event)
+
+
+def new_codec_stream(device: torch.device) -> torch.cuda.Stream:
+    """A stream for a step's codec decode, of the steps' (highest) priority."""
+    if device.type != "cuda":
+        raise ValueError(f"a codec stream needs a CUDA device, got {device}")
+    return torch.cuda.Stream(device, priority=_HIGHEST_PRIORITY)
+
+
+@contextlib.contextmanager
+def beside(stream: torch.cuda.Stream | None, device: torch.device) -> Iterator[None]:
+    """Run the block's GPU work on `stream`, after the current stream's queued work (None: on the current
+    stream). The caller synchronises `stream` before it reads the block's results on the host."""
+    if stream is None:
+        yield
+        return
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        yield
