@@ -126,9 +126,6 @@ class GraphOptions:
     # fewer, fused kernels per frame. Batch and length dimensions are compiled dynamic, so a backend
     # compiles twice (batch 1, then every other bucket and length) and the server's warm-up does both.
     compile: bool = False
-    # Prefill on a CUDA stream of its own beside the running streams' steps (models.cuda_streams), for a
-    # model that supports it; see install_prefill_stream.
-    prefill_stream: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= BATCH_BUCKETS[-1]:

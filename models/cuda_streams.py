@@ -6,29 +6,28 @@ covers both. Only the step launches codec work, always there once installed (a c
 never replay on two streams at once), and the streams it decodes are ready ones, so it reads rows no
 prefill writes.
 
-Prefill stream: prompts prefilled on their own CUDA stream, so that running streams never wait for an admission.
+Prefill stream (`PrefillStream`): prompts prefilled on a stream of their own, so that running streams
+never wait for an admission. A model that supports it (SpeechModel.supports_prefill_stream) runs the whole
+of `open_streams` (prompt embedding, the batched prefill, the first sample) inside `launch()`, records a
+`ready()` event per admission batch and keeps it with each new stream. The running streams' steps go on
+beside it, on a stream of higher priority (`decoding()`); the scheduler steps a new stream only once its
+event has completed (SpeechModel.is_ready), and a step that gets one earlier makes its stream wait for it
+on the device (`join`), never the host.
 
-A model that supports it (SpeechModel.supports_prefill_stream) runs the whole of `open_streams` (prompt
-embedding, the batched prefill, the first sample) inside `PrefillStream.launch()`, records a `ready()` event
-per admission batch, and keeps it with each new stream. The decode step of the running streams goes on, on
-a stream of higher priority (`decoding()`), while the prefill runs beside it; the scheduler steps a new stream only once
-its event has completed (SpeechModel.is_ready), and a step that gets one earlier makes the current stream
-wait for it on the device (`join`), never the host.
-
-What makes the two streams safe together:
+What makes the streams safe together:
   * They touch disjoint rows of the shared state: a prefill writes only its new streams' KV-cache slots and
     codec-state rows (both row-indexed), and a step reads and writes only the rows of the streams it
     steps, each of them ready.
-  * Graph backends never run on both streams at once: each executor backend owns its graphs' memory pool
+  * Graph backends never run on two streams at once: each executor backend owns its graphs' memory pool
     and static buffers, so the prefill draws its first tokens with a token-sampling backend of its own
     (`token_sampling_backend`, None for the model's eager sampler), never the one the step replays.
   * Tensors the prefill allocates and a step later reads (the prompt's last hidden state, its logits) are
-    freed only by host code after a step has synchronised the current stream, so the caching allocator can
-    hand their blocks to the next prefill only once no step reads them any more.
+    freed only by host code after a step has synchronised its streams, so the caching allocator can hand
+    their blocks to the next prefill only once no step reads them any more.
   * `launch()` orders the prefill after the current stream's queued work (a slot freed by a finished
     stream is rewritten only after that stream's last step), and nothing inside it synchronises the host:
     prompts reach the device through pinned asynchronous copies (models.host_copy.to_device), which the
-    GPU test tests/executor/test_prefill_stream_cuda.py checks by queueing a long sleep on the prefill
+    GPU test tests/executor/test_cuda_streams_cuda.py checks by queueing a long sleep on the prefill
     stream first.
 """
 
