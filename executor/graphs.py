@@ -951,10 +951,10 @@ def install_codec_stream(model: SpeechModel) -> str | None:
     """Run each step's codec decode on a CUDA stream of its own, beside the talker (decoder) step
     (models.cuda_streams). Returns None (installed) or why not (also logged)."""
     reason = None
-    if model.device.type != "cuda":
-        reason = f"needs a CUDA device (the model is on {model.device})"
-    elif not model.supports_codec_stream:
+    if not model.supports_codec_stream:
         reason = f"{model.model_id} decodes audio on the current stream only"
+    elif model.device.type != "cuda":
+        reason = f"needs a CUDA device (the model is on {model.device})"
     if reason is not None:
         log.warning("codec stream: %s", reason)
         return reason
@@ -968,10 +968,10 @@ def install_prefill_stream(model: SpeechModel, options: GraphOptions = GraphOpti
     drawn by a token-sampling backend of its own when the model's is the executor's (never one backend's
     graphs on two streams at once). Returns None (installed) or why not (also logged)."""
     reason = None
-    if model.device.type != "cuda":
-        reason = f"needs a CUDA device (the model is on {model.device})"
-    elif not model.supports_prefill_stream:
+    if not model.supports_prefill_stream:
         reason = f"{model.model_id} prefills on the current stream only"
+    elif model.device.type != "cuda":
+        reason = f"needs a CUDA device (the model is on {model.device})"
     if reason is not None:
         log.warning("prefill stream: %s", reason)
         return reason

@@ -104,7 +104,7 @@ def _add_model_options(p) -> None:
         choices=["on", "off"],
         help="with the executor on a GPU: prefill admissions on a CUDA stream of their own, beside the running "
         "streams' steps, which then never wait for a prefill; a new stream joins the steps once its prefill "
-        "has finished (Qwen3-TTS, Llasa)",
+        "has finished (Qwen3-TTS; Llasa refuses it for now, see the README)",
     )
     p.add_argument(
         "--codec-stream",

@@ -229,7 +229,12 @@ class LlasaModel(SpeechModel):
 
     @property
     def supports_prefill_stream(self) -> bool:
-        return True
+        # Not yet: measured with --prefill-stream on (2026-12-05, H100) the served Llama-1B ran out of memory
+        # at 64 streams (the caching allocator keeps each stream's freed blocks apart, so the prefill's
+        # workspace came on top of the decode's, beyond what the memory-sized capacity reserves), and with
+        # --codec-stream on as well an XCodec2 chunk-decode capture was invalidated. The mechanism stays
+        # (use_prefill_stream) for the fix; until then the model says no and the CLI refuses the flag.
+        return False
 
     def use_prefill_stream(self, prefill_stream: PrefillStream | None) -> None:
         self.prefill_stream = prefill_stream  # the prefill samples nothing: no token sampler of its own

@@ -172,3 +172,13 @@ def test_synth_side_streams_need_a_gpu(tmp_path, capsys, flag):
     assert main([*argv, flag, "on", "--cuda-graphs", "on", "--quiet"]) != 0
     assert f"{flag} on: needs a CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_synth_refuses_a_prefill_stream_for_llasa(tmp_path, capsys):
+    """Llasa does not support --prefill-stream yet (models.llasa.model says why): the flag is a usage error
+    naming the model, before any device check, and no audio is written."""
+    out = tmp_path / "x.wav"
+    argv = ["synth", "--model", "random:llama-tiny", "--text", "Hi", "--out", str(out), "--quiet"]
+    assert main([*argv, "--prefill-stream", "on", "--cuda-graphs", "on"]) != 0
+    assert "--prefill-stream on: random:llama-tiny prefills on the current stream only" in capsys.readouterr().err
+    assert not out.exists()
