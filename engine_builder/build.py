@@ -9,7 +9,9 @@ whole-region compositions only). Profiling is measured, not simulated: for every
 (engine_builder.profile.region_times); a region's measured time is the conventional cost of its layers
 (spread evenly over them, its head included) or the megakernel's time for the whole region. The search
 ranks every candidate per bucket (engine_builder.composition.search); the plan records the winner, and
-the report every candidate's prediction.
+the report every candidate's prediction. A candidate's predicted step time is anchored on one measured
+whole step per bucket with every region conventional (`step_time_ms`, no per-region syncs): its regions'
+times plus what that anchor spent outside its own regions (codec, sampling, host work between phases).
 
 `apply_plan` installs, for each decoder region, a `BucketDispatch` (executor.dispatch) that sends a
 call to the backend the plan chose for its batch bucket. Imports: torch, models, executor,
@@ -86,6 +88,7 @@ def _region_backend(
 class BuildResult:
     plan: Plan
     measured_ms: dict[tuple[str, str, int], float]  # (region, backend, batch) -> ms per step
+    anchor_ms: dict[int, float]  # batch -> ms of a whole step on the first conventional backend (unsynced regions)
     ranked: dict[int, list[dict]]  # batch -> every candidate's prediction (and measurement), best first
     unavailable: dict[str, str]  # backend -> why it was not profiled
 
@@ -137,11 +140,17 @@ def build_plan(
     unavailable: dict[str, str] = {}
     profiled: list[Backend] = []
     made: dict = {}
-    # Per batch: the step's phases outside the decoder regions (codec, sampling, prefill of refills), measured
-    # with the first conventional backend; the same on every candidate, so it shifts predictions, not ranks.
-    rest_ms: dict[int, float] = {}
+    # Per batch, the anchor: a whole step with every region on the first conventional backend, timed end to end
+    # (one sync per step, as served). What the anchor spends beyond that composition's priced regions (the
+    # codec, sampling, host work between phases, less the overlap of host and GPU that the per-region syncs
+    # remove) is added to every candidate's regions: the conventional composition is predicted as its anchor,
+    # every other one as the anchor plus the difference of its priced regions. The same on every candidate, so
+    # it shifts predictions, not ranks.
+    anchor_ms: dict[int, float] = {}
+    anchor_backend: Backend | None = None
     install_graph_regions(model, executor_region_names(model))  # codec and sampling as served
     for backend in backends:
+        anchors = backend.is_conventional and not anchor_ms
         # A backend whose every bucket is in the cache is not even installed (no megakernel compile).
         cached = (
             {
@@ -151,8 +160,18 @@ def build_plan(
             if cache is not None
             else {batch: None for batch in batches}
         )
+        cached_anchor = {
+            batch: (
+                cache.get("anchor", backend=backend.value, batch=batch, warmup=warmup, steps=steps)
+                if cache is not None and anchors
+                else None
+            )
+            for batch in batches
+        }
         installed: dict[str, Callable] = {}
-        if any(times is None for times in cached.values()):
+        if any(times is None for times in cached.values()) or (
+            anchors and any(hit is None for hit in cached_anchor.values())
+        ):
             try:
                 installed = {
                     name: _region_backend(model, name, backend, made, graphs=GraphOptions(), megakernel=megakernel)
@@ -178,8 +197,16 @@ def build_plan(
                         times[name] = math.inf  # some calls ran the conventional path (reason logged)
                 if cache is not None:
                     cache.put("regions", times, backend=backend.value, batch=batch, warmup=warmup, steps=steps)
-            if backend.is_conventional and batch not in rest_ms:
-                rest_ms[batch] = sum(ms for name, ms in times.items() if name not in regions)
+            if anchors:
+                hit = cached_anchor[batch]
+                if hit is not None:
+                    anchor_ms[batch] = hit["step"]
+                else:
+                    anchor_ms[batch] = step_time_ms(model, batch, warmup=warmup, steps=steps)
+                    if cache is not None:
+                        what = {"backend": backend.value, "batch": batch, "warmup": warmup, "steps": steps}
+                        cache.put("anchor", {"step": anchor_ms[batch]}, **what)
+                anchor_backend = backend
             for name in regions:
                 measured[(name, backend.value, batch)] = times[name]
                 if not math.isfinite(times[name]):
@@ -206,12 +233,14 @@ def build_plan(
     buckets, ranked_report = [], {}
     for batch in batches:
         ranked = search(layout, batch, conventional=conventional, megakernel=megakernel_s, candidates=candidates)
+        base = next(r for r in ranked if all(p.backend is anchor_backend for p in r.composition.pieces))
+        rest_ms = anchor_ms[batch] - base.step_s * 1e3
         ranked_report[batch] = [
             {
                 "label": r.composition.label(),
-                # the decoder regions as the search priced them, plus the step's other phases as measured
+                # the decoder regions as the search priced them, plus the anchor's time outside its regions
                 "predicted_regions_ms": r.step_s * 1e3 if math.isfinite(r.step_s) else None,  # None: not measurable
-                "predicted_step_ms": (r.step_s * 1e3 + rest_ms.get(batch, 0.0)) if math.isfinite(r.step_s) else None,
+                "predicted_step_ms": (r.step_s * 1e3 + rest_ms) if math.isfinite(r.step_s) else None,
                 "composition": r.composition.to_list(),
             }
             for r in ranked
@@ -248,7 +277,9 @@ def build_plan(
     provenance = this_machine(model.device, commit=commit, profile_date=now)
     plan = Plan(model=model_id, provenance=provenance, layout=layout, buckets=tuple(buckets))
     plan.validate()
-    return BuildResult(plan=plan, measured_ms=measured, ranked=ranked_report, unavailable=unavailable)
+    return BuildResult(
+        plan=plan, measured_ms=measured, anchor_ms=anchor_ms, ranked=ranked_report, unavailable=unavailable
+    )
 
 
 def profile_cache_for(model, model_id: str, path: Path | None) -> ProfileCache:

@@ -849,6 +849,7 @@ def _run_build(args: argparse.Namespace) -> int:
             for (r, b, n), ms in result.measured_ms.items()
         ],
         "not_profiled": result.unavailable,
+        "anchor_step_ms": {str(batch): ms for batch, ms in result.anchor_ms.items()},
         "candidates": {str(batch): ranked for batch, ranked in result.ranked.items()},
         "category": category.category.value,
         "category_why": category.reason,
@@ -858,6 +859,8 @@ def _run_build(args: argparse.Namespace) -> int:
             "measured": cache.misses,
         },
         "note": "per-region step times measured with synchronisation around each region (engine_builder.profile); "
+        "a candidate's predicted_step_ms is its regions' times plus what the anchor (a whole step with every region "
+        "conventional, timed end to end, anchor_step_ms) spent outside its regions; "
         "the executor runs regions whole today, so only whole-region compositions are candidates",
     }
     (args.out / "build_report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")

@@ -173,8 +173,24 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1,2", "--measure", "2"]
     argv += ["--megakernel-executor", "vm", "--warmup", "0", "--steps", "1", "--out", str(out)]
     assert main(argv) == 0
-    assert calls == {"regions": 4, "step": 4}  # 2 backends x 2 batches; 2 candidates x 2 batches
+    assert calls == {"regions": 4, "step": 6}  # 2 backends x 2 batches; 2 anchors + 2 candidates x 2 batches
     first = json.loads((out / "build_report.json").read_text())
+    # Predictions are anchored on the whole conventional step (7 + batch ms; its regions take 3 + 4 ms): the
+    # all-graph composition is predicted as its anchor, the others as the anchor plus their regions' difference
+    # (and the priced cost of a cut between a graph and a megakernel, microseconds).
+    assert first["anchor_step_ms"] == {"1": 8.0, "2": 9.0}
+    for batch in (1, 2):
+        predicted = {row["label"]: row["predicted_step_ms"] for row in first["candidates"][str(batch)]}
+        assert predicted["talker_step[0-2+head]=graph code_predictor_loop[0-2+head]=graph"] == 7.0 + batch
+        assert predicted == pytest.approx(
+            abs=0.01,
+            expected={
+                "talker_step[0-2+head]=graph code_predictor_loop[0-2+head]=graph": 7.0 + batch,
+                "talker_step[0-2+head]=mk code_predictor_loop[0-2+head]=graph": 7.0 + batch - 1.0,
+                "talker_step[0-2+head]=graph code_predictor_loop[0-2+head]=mk": 7.0 + batch + 1.0,
+                "talker_step[0-2+head]=mk code_predictor_loop[0-2+head]=mk": 7.0 + batch,
+            },
+        )
     assert first["profile_cache"]["reused"] == 0 and (out / "profile_cache.json").is_file()
     assert first["category"] == "megakernel-stable"  # talker on the megakernel at both batches
     capsys.readouterr()
@@ -188,14 +204,14 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     second = json.loads((out / "build_report.json").read_text())
     assert second["plan"]["buckets"] == first["plan"]["buckets"]
     assert second["candidates"] == first["candidates"]
-    assert second["profile_cache"] == {"path": str(out / "profile_cache.json"), "reused": 8, "measured": 0}
-    assert "8 measurements reused, 0 made" in capsys.readouterr().out
+    assert second["profile_cache"] == {"path": str(out / "profile_cache.json"), "reused": 10, "measured": 0}
+    assert "10 measurements reused, 0 made" in capsys.readouterr().out
 
     monkeypatch.setattr(build, "region_times", fake_region_times)
     monkeypatch.setattr(build, "step_time_ms", fake_step_time_ms)
     calls.update(regions=0, step=0)
     assert main([*argv[:-4], "--steps", "2", "--out", str(out)]) == 0
-    assert calls == {"regions": 4, "step": 4}
+    assert calls == {"regions": 4, "step": 6}
 
     (out / "profile_cache.json").write_text("{not json")
     assert main(argv) == 2
