@@ -9,7 +9,7 @@ launches and its GPU work. `SteadyStreams` keeps B streams open, replacing finis
 spans. `region_times` runs warm-up steps, then timed steps, and returns each phase's median per step;
 `step_time_ms` times whole steps (one sync each, no per-region syncs).
 `this_machine` is the provenance a plan built here records and a plan loaded here must match.
-Imports: torch, models (streaming), engine_builder.plan, trt_plugins.library (path only).
+Imports: torch, models (streaming, capacity), engine_builder.plan, trt_plugins.library (path only).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections import defaultdict
 import torch
 
 from tilevox.engine_builder.plan import Provenance
+from tilevox.models.capacity import MAX_PREFILL_BATCH
 from tilevox.models.errors import RequestError
 from tilevox.models.streaming import SynthesisRequest
 
@@ -97,7 +98,9 @@ def profile_text(model, repeats: int = 8) -> str:
 
 
 class SteadyStreams:
-    """B open streams of a long text; a finished one is replaced before the next step."""
+    """B open streams of a long text; a finished one is replaced before the next step. Streams are opened in
+    batched prefills of at most MAX_PREFILL_BATCH, as the scheduler admits them: the memory that KV capacity
+    leaves free (models.capacity) holds the activations of such a prefill, not of one of every stream."""
 
     def __init__(self, model, batch: int, max_duration_s: float, *, text: str | None = None):
         self.model, self.max_duration_s, self.opened = model, max_duration_s, 0
@@ -111,7 +114,9 @@ class SteadyStreams:
             for i in range(count)
         ]
         self.opened += count
-        ids = self.model.open_streams(requests)
+        ids = []
+        for first in range(0, count, MAX_PREFILL_BATCH):
+            ids += self.model.open_streams(requests[first : first + MAX_PREFILL_BATCH])
         for stream_id in ids:
             if isinstance(stream_id, Exception):
                 raise stream_id

@@ -3,7 +3,9 @@
 A model's loader calls `streams_that_fit` after its weights are on the device, with the bytes one stream
 holds for its whole context (its KV-cache slot at the context length; codec and sampling state are small
 and sit in the reserve). The reserve keeps room for activations, batched prefills, captured CUDA graphs
-and the allocator's slack: the larger of RESERVE_BYTES and RESERVE_FRACTION of the device. The result is
+and the allocator's slack: the larger of RESERVE_BYTES and RESERVE_FRACTION of the device; it is sized for a
+batched prefill of at most MAX_PREFILL_BATCH admissions (the scheduler's default, and the engine builder's
+profile opens its streams in parts of that size), not for a prefill of every stream at once. The result is
 capped at MAX_STREAMS (the executor's largest batch bucket). On a CPU there is nothing to size: the
 loaders keep their fixed defaults. Imports: torch.
 """
@@ -12,9 +14,17 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["MAX_STREAMS", "RESERVE_BYTES", "RESERVE_FRACTION", "kv_bytes_per_stream", "streams_that_fit"]
+__all__ = [
+    "MAX_PREFILL_BATCH",
+    "MAX_STREAMS",
+    "RESERVE_BYTES",
+    "RESERVE_FRACTION",
+    "kv_bytes_per_stream",
+    "streams_that_fit",
+]
 
 MAX_STREAMS = 256
+MAX_PREFILL_BATCH = 16  # admissions prefilled in one batched launch
 RESERVE_BYTES = 8 << 30
 RESERVE_FRACTION = 0.10
 

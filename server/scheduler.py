@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tilevox.models.capacity import MAX_PREFILL_BATCH
 from tilevox.models.streaming import AudioChunk, FinishReason, SpeechModel, SynthesisRequest
 from tilevox.server.metrics import ServerMetrics
 from tilevox.server.profiling import WorkerProfile
@@ -261,7 +262,7 @@ class Scheduler:
         max_active: int,
         max_queued: int,
         max_batch: int | None = None,
-        max_prefill_batch: int = 16,
+        max_prefill_batch: int = MAX_PREFILL_BATCH,
         prefill_budget: bool = False,
         newcomer_slack_s: float | None = None,
         metrics: ServerMetrics | None = None,
