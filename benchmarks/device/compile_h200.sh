@@ -11,7 +11,7 @@
 #   build MODEL BATCHES ARGS... --  `tilevox build` (graph vs megakernel per region and bucket) with extra build ARGS
 #                          (e.g. --measure 4), the kernel library carried in .kernels/ (built with
 #                          `python -m tilevox.trt_plugins.build`; outside trt_plugins/build, so that the parts
-#                          before it run without fused kernels); timed, BUILD_TIMEOUT seconds at most (300)
+#                          before it run without fused kernels); timed, BUILD_TIMEOUT seconds at most (300); CLI_FLAGS=-v for tracebacks
 #   nhframes               NH-TTS region timings (benchmarks/device/nh_tts_frames.py), batch 1 and 32, eager and graphs
 #   sampling               the sampling draw with and without executor.sampling.filter_plan's shortcuts
 #   trt                    the TensorRT plugin tests (tests/trt_plugins/test_tensorrt_plugins.py) through the lean
@@ -82,7 +82,7 @@ while [ $# -gt 0 ]; do
       model=$1 batches=$2; shift 2; extra=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift || true
       export TILEVOX_KERNELS_LIB=${TILEVOX_KERNELS_LIB:-$repo/.kernels/libtilevox_kernels.so}
       start=$(date +%s)
-      timeout "${BUILD_TIMEOUT:-300}" python3 -m tilevox.server.cli build --model "$model" --batches "$batches" \
+      timeout "${BUILD_TIMEOUT:-300}" python3 -m tilevox.server.cli ${CLI_FLAGS:-} build --model "$model" --batches "$batches" \
         --out "$OUT/build_${model#random:}" "${extra[@]}" 2>&1 | grep -v '^\s*$' | tail -14 | sed "s|^|build $model: |" \
         | tee -a "$OUT/build.log"
       echo "build $model: $(( $(date +%s) - start )) s" | tee -a "$OUT/build.log" ;;
