@@ -119,7 +119,7 @@ def build_plan(
     backends: Sequence[Backend] = (Backend.GRAPH, Backend.MEGAKERNEL),
     megakernel: BackendOptions | None = None,
     warmup: int = 4,
-    steps: int = 8,
+    steps: int = 10,
     commit: str = "unknown",
     progress: Callable[[str], None] | None = None,
     measure_top: int = 0,

@@ -755,7 +755,9 @@ def _add_build(subparsers) -> None:
     )
     p.add_argument("--megakernel-executor", default="cuda", choices=["cuda", "vm"])
     p.add_argument("--warmup", type=int, default=4, help="untimed steps per measurement")
-    p.add_argument("--steps", type=int, default=8, help="timed steps per measurement")
+    p.add_argument(
+        "--steps", type=int, default=10, help="timed steps per measurement (10: two of Llasa's 5-frame audio blocks)"
+    )
     p.add_argument(
         "--measure",
         type=int,
