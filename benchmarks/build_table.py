@@ -29,10 +29,11 @@ which); and `category_predicted`, the same classify of the predicted picks (what
 have planned). The summary counts the cells whose predicted pick is the measured best or within the tolerance,
 and gives the largest |prediction error| among the picks and among all measured candidates.
 
-A build's predicted step is the decoder regions as the search priced them plus the step's other phases
-(sampling, the codec, the host's bookkeeping) as profiled once per batch (`predicted_regions_ms` holds the first
-part alone). Reports of builds before that change predicted the regions only, so their errors lean negative by
-the other phases' time, the same for every candidate of a cell (which does not change the pick). Imports: stdlib, engine_builder.composition,
+A build's predicted step is the decoder regions as the search priced them plus the rest of a whole conventional
+step timed end to end (the anchor, `anchor_step_ms` in reports since 2026-12-06; before, the rest was the sum of
+the other phases' synced times; `predicted_regions_ms` holds the first part alone). Reports of still older builds
+predicted the regions only, so their errors lean negative by the other phases' time, the same for every
+candidate of a cell (which does not change the pick). Imports: stdlib, engine_builder.composition,
 matplotlib (for the PNG, lazily).
 """
 
