@@ -298,7 +298,9 @@ def markdown(table: Mapping, *, title: str = "tilevox build: predicted vs measur
         "Predicted pick: the search's first candidate on predictions alone (what a build without --measure plans). "
         "Measured best: the fastest of the candidates run end to end (plan.json with --measure keeps it). "
         "Prediction error: predicted / measured step time - 1; the prediction is the decoder regions as the search "
-        "priced them plus the step's other phases (sampling, codec, host) as profiled at that batch. "
+        "priced them plus the rest of the step (sampling, codec, host): since 2026-12-06 what a whole conventional "
+        "step timed end to end (the anchor) spent beyond its priced regions, before that the other phases' synced "
+        "times. "
         "Category (plan), from: " + "; ".join(sorted({m["category_source"] for m in table["models"]})) + ". "
         "Category (predictions only): the same classify of the predicted picks.",
         "",
