@@ -165,6 +165,7 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
 
     def fake_step_time_ms(model, batch, **_):
         calls["step"] += 1
+        assert model.talker_step_backend is not None, "a whole step timed with no region backend installed"
         return 7.0 + batch
 
     monkeypatch.setattr(build, "region_times", fake_region_times)
@@ -207,8 +208,20 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     assert second["profile_cache"] == {"path": str(out / "profile_cache.json"), "reused": 10, "measured": 0}
     assert "10 measurements reused, 0 made" in capsys.readouterr().out
 
-    monkeypatch.setattr(build, "region_times", fake_region_times)
+    # A cache written before anchors existed: the conventional backend is installed again for its anchors
+    # alone, nothing else is measured, and the predictions come out as before.
+    cache_file = out / "profile_cache.json"
+    data = json.loads(cache_file.read_text())
+    data["entries"] = {k: v for k, v in data["entries"].items() if json.loads(k)["kind"] != "anchor"}
+    cache_file.write_text(json.dumps(data))
     monkeypatch.setattr(build, "step_time_ms", fake_step_time_ms)
+    calls.update(regions=0, step=0)
+    assert main(argv) == 0
+    assert calls == {"regions": 0, "step": 2}
+    third = json.loads((out / "build_report.json").read_text())
+    assert third["candidates"] == first["candidates"] and third["anchor_step_ms"] == first["anchor_step_ms"]
+
+    monkeypatch.setattr(build, "region_times", fake_region_times)
     calls.update(regions=0, step=0)
     assert main([*argv[:-4], "--steps", "2", "--out", str(out)]) == 0
     assert calls == {"regions": 4, "step": 6}
