@@ -147,10 +147,9 @@ def build_plan(
     # every other one as the anchor plus the difference of its priced regions. The same on every candidate, so
     # it shifts predictions, not ranks.
     anchor_ms: dict[int, float] = {}
-    anchor_backend: Backend | None = None
     install_graph_regions(model, executor_region_names(model))  # codec and sampling as served
     for backend in backends:
-        anchors = backend.is_conventional and not anchor_ms
+        anchors = backend.is_conventional and not any(b.is_conventional for b in profiled)
         # A backend whose every bucket is in the cache is not even installed (no megakernel compile).
         cached = (
             {
@@ -206,7 +205,6 @@ def build_plan(
                     if cache is not None:
                         what = {"backend": backend.value, "batch": batch, "warmup": warmup, "steps": steps}
                         cache.put("anchor", {"step": anchor_ms[batch]}, **what)
-                anchor_backend = backend
             for name in regions:
                 measured[(name, backend.value, batch)] = times[name]
                 if not math.isfinite(times[name]):
@@ -216,6 +214,7 @@ def build_plan(
             set_region_backend(model, name, None)
     if not any(b.is_conventional for b in profiled):
         raise RuntimeError("no conventional backend could be profiled")
+    anchor_backend = next(b for b in profiled if b.is_conventional)
     layers = {r.name: r.num_layers for r in layout}
     conventional = ConventionalCosts(
         layer_s={

@@ -27,7 +27,7 @@ def test_steady_streams_open_in_prefills_of_at_most_max_prefill_batch(monkeypatc
         streams.step()
     finally:
         streams.close()
-    assert not model._streams  # every stream closed
+    assert model.open_stream_ids == ()  # every stream closed
     assert profile.region_times(model, 3, warmup=0, steps=1, max_duration_s=1.0)["decoder_step"] > 0
     assert profile.step_time_ms(model, 3, warmup=0, steps=1, max_duration_s=1.0) > 0
     assert sizes[3:] == [2, 1, 2, 1]  # each timer opened its 3 streams in parts too
