@@ -3,7 +3,10 @@
 
 Llama-1B full decode step (random bf16 weights on the GPU; `--vocab 128256 --tied` for Llama-3.2-1B,
 default Llasa-1B's untied 193,800) at the given batches and context. Times: CUDA-graph replays, CUDA
-events, median of `--iters`. Usage: python -m benchmarks.megakernel_profile --out profile.json
+events, median of `--iters`. Each row also gives the launch's critical path (`megakernel.profile.critical_path`:
+execution per opcode, hand-offs, idle waits, queue gaps) and, with `--fingerprint`, a checksum of every bound
+tensor after the profiled launches (benchmarks.megakernel_variants compares builds with it).
+Usage: python -m benchmarks.megakernel_profile --out profile.json
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from tilevox.executor.megakernel_inputs import llama_decode_inputs, sampling_inp
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import random_llama
 from tilevox.models.sampling import SamplingParams
-from tilevox.trt_plugins.megakernel.profile import fit_streaming_cost, summarize_profile
+from tilevox.trt_plugins.megakernel.profile import critical_path, fit_streaming_cost, summarize_profile
 from tilevox.trt_plugins.megakernel.runtime import CudaProgram
 
 
@@ -32,6 +35,21 @@ def _graph_ms(launch, iters: int) -> float:
     ms = median_ms(replay, iters=iters, warmup=3, device=device)
     launch.check_error()
     return ms
+
+
+def _fingerprint(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
+    """A position-weighted sum of each tensor's 32-bit words (int64, exact): equal bytes, equal sums."""
+    out = {}
+    for name, t in sorted(tensors.items()):
+        raw = t.detach().contiguous().view(-1).view(torch.uint8)
+        raw = torch.nn.functional.pad(raw, (0, (-raw.numel()) % 4)).view(torch.int32)
+        total = 0
+        for start in range(0, raw.numel(), 1 << 24):
+            part = raw[start : start + (1 << 24)].to(torch.int64)
+            weights = torch.arange(start, start + part.numel(), device=part.device, dtype=torch.int64) % 65521 + 1
+            total += int((part * weights).sum().item())
+        out[name] = total
+    return out
 
 
 def main() -> None:
@@ -47,7 +65,9 @@ def main() -> None:
     parser.add_argument("--lm-head-rows", type=int, default=64)
     parser.add_argument("--min-partition-tokens", type=int, default=64)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--fingerprint", action="store_true", help="checksum every bound tensor after the launches")
     args = parser.parse_args()
+    torch.manual_seed(0)  # the cache contents and tokens: the same in every process (variants compare outputs)
     config = LlamaConfig.preset("1b")
     if args.vocab:
         config = config.with_vocab_size(args.vocab)
@@ -86,6 +106,8 @@ def main() -> None:
         profiled.launch(check=True)
         profiled.launch(check=True)  # second run: warm caches, as in the replays
         summary = summarize_profile(region.program, profiled.timestamps)
+        path = critical_path(region.program, profiled.timestamps)
+        fingerprint = _fingerprint(bound) if args.fingerprint else None
         row = {
             "batch": batch,
             "instructions": len(region.program.instructions),
@@ -94,6 +116,8 @@ def main() -> None:
             "graph_ms_no_prefetch": _graph_ms(program.bind(bound, prefetch=False), args.iters),
             "profile": summary,
             "streaming_fit": fit_streaming_cost(summary),
+            "critical_path": path,
+            "fingerprint": fingerprint,
         }
         print(
             f"batch {batch}: {len(region.program.instructions)} instructions, predicted {row['predicted_ms']:.3f} ms, "
@@ -112,6 +136,14 @@ def main() -> None:
                 f"  {name:<26}{o['count']:>7}{o['exec_us_mean']:>10.2f}{o['exec_us_median']:>9.2f}"
                 f"{o['wait_us_mean']:>10.2f}{o['total_exec_us']:>11.0f}{o['last_finish_us']:>10.0f}"
             )
+        cp = path["path"]
+        print(
+            f"  critical path {path['span_us']:.0f} us over {cp['instructions']} instructions: "
+            f"hand-offs {cp['handoff_us']:.0f} us ({cp['handoffs']}), idle waits {cp['idle_wait_us']:.0f}, "
+            f"queue gaps {cp['queue_gap_us']:.0f}, launch {cp['launch_us']:.0f}; hand-off median "
+            f"{path['handoff_us']['median']:.2f} us, p90 {path['handoff_us']['p90']:.2f}"
+        )
+        print("  path execution: " + ", ".join(f"{k} {v:.0f}" for k, v in cp["exec_us"].items()))
         rows.append(row)
         del cache, bound, program, profiled
         torch.cuda.empty_cache()

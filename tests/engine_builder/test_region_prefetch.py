@@ -82,3 +82,54 @@ def test_profile_summary_and_cost_fit(tiny_llama):
     fit = fit_streaming_cost(summary)
     assert fit["overhead_us"] == pytest.approx(2.0, abs=1e-6)
     assert fit["sm_gb_per_s"] == pytest.approx(1.0, rel=1e-6)  # 1 byte per ns
+
+
+def test_profile_critical_path(tiny_llama):
+    """Synthetic stamps from a replay of the queues with a known hand-off (700 ns after the latest
+    producer, where one is pending at the start), idle wait (300 ns, where none is) and queue gap (200 ns): the walk's parts sum to the span, every producer-held instruction shows the
+    700 ns hand-off, and the path's gaps and idle waits are the known constants times its steps."""
+    from tilevox.trt_plugins.megakernel.instructions import NO_ID
+    from tilevox.trt_plugins.megakernel.profile import critical_path
+
+    region = compile_region(tiny_llama, RegionSpec.full_step(1), batch_size=2, max_context=24, num_sms=3)
+    program = region.program
+    handoff, idle, gap = 700, 300, 200
+    signalers: dict[int, list[int]] = {}
+    for index, inst in enumerate(program.instructions):
+        if inst.signal != NO_ID:
+            signalers.setdefault(inst.signal, []).append(index)
+    max_len = max(len(q) for q in program.queues)
+    stamps = torch.zeros((len(program.queues), max_len, 3), dtype=torch.int64)
+    done: dict[int, int] = {}
+    heads = [0] * len(program.queues)
+    free = [5_000] * len(program.queues)
+    progress = True
+    while progress:
+        progress = False
+        for q, queue in enumerate(program.queues):
+            while heads[q] < len(queue):
+                index = queue[heads[q]]
+                producers = [p for w in program.instructions[index].waits for p in signalers[w.counter_id]]
+                if any(p not in done for p in producers):
+                    break
+                start = free[q] + (gap if heads[q] else 0)
+                latest = max((done[p] for p in producers), default=0)
+                waited = latest + handoff if latest > start else start + idle
+                finish = waited + 1_000 + 37 * index % 500
+                stamps[q, heads[q]] = torch.tensor([start, waited, finish])
+                done[index] = free[q] = finish
+                heads[q] += 1
+                progress = True
+    assert len(done) == len(program.instructions)
+    result = critical_path(program, stamps)
+    path = result["path"]
+    assert result["span_us"] == pytest.approx((max(done.values()) - 5_000) / 1e3)
+    parts = path["handoff_us"] + path["idle_wait_us"] + path["queue_gap_us"] + path["launch_us"]
+    assert parts + sum(path["exec_us"].values()) == pytest.approx(result["span_us"])
+    assert path["handoffs"] >= 1
+    assert path["handoff_us"] == pytest.approx(path["handoffs"] * handoff / 1e3)
+    queue_steps = path["instructions"] - path["handoffs"] - 1  # the last queue step reaches position 0
+    assert path["queue_gap_us"] == pytest.approx(queue_steps * gap / 1e3)
+    assert path["idle_wait_us"] == pytest.approx((queue_steps + 1) * idle / 1e3)
+    assert result["handoff_us"]["median"] == pytest.approx(handoff / 1e3)
+    assert result["handoff_us"]["max"] == pytest.approx(handoff / 1e3)

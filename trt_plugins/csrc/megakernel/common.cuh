@@ -21,6 +21,26 @@ static_assert(kTcRedFloats >= kWarps * 16 * kTcMaxBatch, "one-matrix partial sum
 static_assert(kTcRedFloats + kExtraFloats >= kWarps * 2 * 16 * kTcMaxBatch, "two-matrix partial sums overflow");
 constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are prefetched to L2
 
+// Build-time variants, for same-run A/B measurements (benchmarks/megakernel_variants.py builds one library
+// per setting; the default build uses the values below).
+// TILEVOX_MK_POLL: 0 = every poll of a counter also reads the error word and the timer, then sleeps
+// (32-256 ns backoff); 1 = poll the counter alone, checking the error word and the watchdog every
+// kPollCheckEvery polls, without sleeping.
+#ifndef TILEVOX_MK_POLL
+#define TILEVOX_MK_POLL 0
+#endif
+// TILEVOX_MK_RELEASE: 0 = __threadfence() then atomicAdd; 1 = one red.release.gpu add (cumulative: it
+// orders every write the block's barrier ordered before it).
+#ifndef TILEVOX_MK_RELEASE
+#define TILEVOX_MK_RELEASE 0
+#endif
+// TILEVOX_MK_INFLIGHT: k blocks of weight loads in flight per warp on the tensor-core path, as a
+// multiple of the default (1 or 2).
+#ifndef TILEVOX_MK_INFLIGHT
+#define TILEVOX_MK_INFLIGHT 1
+#endif
+constexpr int kPollCheckEvery = 32;
+
 enum DT {
   F32 = TILEVOX_MK_DTYPE_FLOAT32,
   BF16 = TILEVOX_MK_DTYPE_BFLOAT16,
@@ -152,6 +172,16 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 }
 
 __device__ __forceinline__ int ld_volatile(const int* p) { return *reinterpret_cast<const volatile int*>(p); }
+
+// Add v to *p with release semantics at GPU scope (see TILEVOX_MK_RELEASE).
+__device__ __forceinline__ void release_add(int* p, int v) {
+#if TILEVOX_MK_RELEASE
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+  __threadfence();
+  atomicAdd(p, v);
+#endif
+}
 
 // First writer wins; the remaining words are written by that writer only.
 __device__ void raise_error(const Ctx& c, int code, int opcode, int counter, int value, int target) {

@@ -3,7 +3,7 @@
 #pragma once
 
 // Block-wide: thread 0 spin-waits until every awaited counter of `inst` reaches its target (acquire
-// loads, __nanosleep backoff, %globaltimer watchdog). False when the block must stop (a watchdog or
+// loads, __nanosleep backoff or a tight poll (TILEVOX_MK_POLL), %globaltimer watchdog). False when the block must stop (a watchdog or
 // an error raised anywhere).
 __device__ bool wait_deps(const Ctx& c, const int* inst) {
   if (threadIdx.x == 0) {
@@ -22,8 +22,16 @@ __device__ bool wait_deps(const Ctx& c, const int* inst) {
       int value = ld_acquire(ctr);
       if (value >= target) continue;
       const uint64_t t0 = global_ns();
+#if TILEVOX_MK_POLL
+      int polls = 0;
+#else
       unsigned sleep_ns = 32;
+#endif
       while ((value = ld_acquire(ctr)) < target) {
+#if TILEVOX_MK_POLL
+        if (++polls < kPollCheckEvery) continue;
+        polls = 0;
+#endif
         if (ld_volatile(prm.error) != 0) {
           s = 1;
           break;
@@ -33,8 +41,10 @@ __device__ bool wait_deps(const Ctx& c, const int* inst) {
           s = 1;
           break;
         }
+#if !TILEVOX_MK_POLL
         __nanosleep(sleep_ns);
         sleep_ns = sleep_ns < 256 ? sleep_ns * 2 : 256;
+#endif
       }
     }
     *c.stop = s;

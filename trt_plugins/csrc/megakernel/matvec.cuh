@@ -352,10 +352,11 @@ __device__ bool tc_rows(const unsigned short* xs, int nc, int K, const Buf& w, c
   // the MMAs take longer and the accumulators need the registers.
   const auto* a = reinterpret_cast<const unsigned short*>(w.p);
   const auto* b = w2 ? reinterpret_cast<const unsigned short*>(w2->p) : nullptr;
-  if (nc <= 8) return tc_rows_nb<1, TWO, TWO ? 4 : 8>(xs, nc, K, a, b, r0, r1, red, pro, epi);
-  if (nc <= 16) return tc_rows_nb<2, TWO, TWO ? 4 : 8>(xs, nc, K, a, b, r0, r1, red, pro, epi);
-  if (nc <= 32) return tc_rows_nb<4, TWO, TWO ? 2 : 4>(xs, nc, K, a, b, r0, r1, red, pro, epi);
-  return tc_rows_nb<8, TWO, TWO ? 2 : 4>(xs, nc, K, a, b, r0, r1, red, pro, epi);
+  constexpr int F = TILEVOX_MK_INFLIGHT;
+  if (nc <= 8) return tc_rows_nb<1, TWO, F * (TWO ? 4 : 8)>(xs, nc, K, a, b, r0, r1, red, pro, epi);
+  if (nc <= 16) return tc_rows_nb<2, TWO, F * (TWO ? 4 : 8)>(xs, nc, K, a, b, r0, r1, red, pro, epi);
+  if (nc <= 32) return tc_rows_nb<4, TWO, F * (TWO ? 2 : 4)>(xs, nc, K, a, b, r0, r1, red, pro, epi);
+  return tc_rows_nb<8, TWO, F * (TWO ? 2 : 4)>(xs, nc, K, a, b, r0, r1, red, pro, epi);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 // One block (256 threads) per queue walks its instruction records in order. An instruction first
 // issues the loads that depend on nothing (its weight tile), then waits on its counters (thread 0,
 // acquire loads + __nanosleep backoff + %globaltimer watchdog), stages its inputs, computes and
-// stores; after one barrier thread 0 fences and bumps the signal counter. The opcode bodies follow
+// stores; after one barrier thread 0 bumps the signal counter with release semantics. The opcode bodies follow
 // trt_plugins/megakernel/vm.py, including where the VM rounds to the activation dtype (sums are
 // fp32 in a different order, so results agree to fp32 rounding, not bitwise).
 // Matrix-vector tiles, two paths with the same semantics (fp32 accumulation):
@@ -152,10 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(tilevox_megakernel_par
     __syncthreads();  // every thread's stores of this instruction precede thread 0's release below
     if (threadIdx.x == 0) {
       if (prof) prof[TILEVOX_MK_PROFILE_WORDS * pos + 2] = (int64_t)global_ns();
-      if (signal >= 0) {
-        __threadfence();
-        atomicAdd(prm.counters + signal, 1);
-      }
+      if (signal >= 0) release_add(prm.counters + signal, 1);
     }
     if (prefetch_lane) {
       const int64_t a0 = __shfl_sync(0xfu, pf_word, 0), b0 = __shfl_sync(0xfu, pf_word, 1);

@@ -1,0 +1,140 @@
+"""Same-run A/B of megakernel build variants: one kernel library per setting of the build-time switches in
+trt_plugins/csrc/megakernel/common.cuh (TILEVOX_MK_POLL, TILEVOX_MK_RELEASE, TILEVOX_MK_INFLIGHT), each
+timed and profiled by `benchmarks.megakernel_profile` in its own process on one GPU, and checked bitwise
+against the default build's outputs (the switches change waits, releases and load depth, never arithmetic).
+
+    # here (nvcc, no GPU): after `python -m tilevox.trt_plugins.build` (reuses its other objects)
+    python -m benchmarks.megakernel_variants build --out .mkvariants
+    # on the GPU, carrying .mkvariants:
+    python -m benchmarks.megakernel_variants run --libs .mkvariants --out $OUT/variants.json
+
+Writes per variant the profile JSON (graph replay medians per batch, per-opcode summary, critical path)
+and a table; `run` exits 1 when a variant's outputs differ from the default's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+VARIANTS: dict[str, dict[str, int]] = {
+    "default": {},
+    "poll": {"TILEVOX_MK_POLL": 1},
+    "release": {"TILEVOX_MK_RELEASE": 1},
+    "inflight2": {"TILEVOX_MK_INFLIGHT": 2},
+    "poll+release": {"TILEVOX_MK_POLL": 1, "TILEVOX_MK_RELEASE": 1},
+    "all": {"TILEVOX_MK_POLL": 1, "TILEVOX_MK_RELEASE": 1, "TILEVOX_MK_INFLIGHT": 2},
+}
+
+
+def _lib_name(variant: str) -> str:
+    return f"libtilevox_kernels_{variant.replace('+', '_')}.so"
+
+
+def build(out: Path, names: list[str], jobs: int) -> None:
+    from tilevox.trt_plugins import build as kb
+
+    nvcc = kb.find_nvcc()
+    includes = [*kb.find_cutlass_include_dirs(), kb.CSRC_DIR]
+    cfg = kb.BuildConfig()
+    sources = kb.list_sources()
+    mk = [s for s in sources if s.stem == "megakernel"]
+    others = [kb._object_path(cfg, s) for s in sources if s.stem != "megakernel"]
+    missing = [str(o) for o in others if not o.exists()]
+    if len(mk) != 1 or missing:
+        raise SystemExit(f"build the default library first (python -m tilevox.trt_plugins.build); missing: {missing}")
+    out.mkdir(parents=True, exist_ok=True)
+
+    def one(name: str) -> None:
+        defines = [f"-D{k}={v}" for k, v in VARIANTS[name].items()]
+        obj = out / f"megakernel_{name.replace('+', '_')}.o"
+        cmd = [nvcc, *kb.NVCC_FLAGS, *defines, *(f"-I{d}" for d in includes), "-c", str(mk[0]), "-o", str(obj)]
+        subprocess.run(cmd, check=True)
+        lib = out / _lib_name(name)
+        link = [nvcc, "-shared", "-gencode", "arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC", str(obj)]
+        subprocess.run([*link, *map(str, others), "-o", str(lib)], check=True)
+        obj.unlink()
+        print(f"built {lib} ({' '.join(defines) or 'defaults'})", flush=True)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, names))
+
+
+def run(libs: Path, out: Path, names: list[str], batches: str, commit: str, extra: list[str]) -> int:
+    results: dict[str, dict] = {}
+    for name in names:
+        lib = libs / _lib_name(name)
+        prof = out.with_name(f"{out.stem}_{name.replace('+', '_')}.json")
+        env = {**os.environ, "TILEVOX_KERNELS_LIB": str(lib.resolve())}
+        cmd = [sys.executable, "-m", "benchmarks.megakernel_profile", "--out", str(prof), "--batches", batches]
+        cmd += ["--commit", commit, "--fingerprint", *extra]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        print(f"== {name}: rc {proc.returncode}\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}", flush=True)
+        if proc.returncode == 0:
+            results[name] = json.loads(prof.read_text())
+    failures = 0
+    base = results.get("default")
+    table = [
+        "| variant | " + " | ".join(f"batch {r['batch']} ms" for r in (base or {}).get("rows", [])) + " | outputs |"
+    ]
+    table.append("|---" * (2 + len((base or {}).get("rows", []))) + "|")
+    for name, res in results.items():
+        same = base is not None and all(
+            a["fingerprint"] == b["fingerprint"] for a, b in zip(res["rows"], base["rows"], strict=True)
+        )
+        failures += 0 if same else 1
+        cells = [f"{r['graph_ms_no_prefetch']:.3f}" for r in res["rows"]]
+        table.append(f"| {name} | " + " | ".join(cells) + f" | {'= default' if same else 'DIFFER'} |")
+    missing = [n for n in names if n not in results]
+    failures += len(missing)
+    text = "\n".join(table)
+    print(text + (f"\nfailed to run: {missing}" if missing else ""))
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "megakernel build variants, Llama-1B step (benchmarks.megakernel_profile per variant)",
+                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "commit": commit,
+                "variants": {n: VARIANTS[n] for n in names},
+                "results": results,
+                "table": text,
+                "failed": missing,
+            },
+            indent=2,
+        )
+    )
+    return 1 if failures else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("--out", type=Path, required=True)
+    b.add_argument("--variants", default=",".join(VARIANTS))
+    b.add_argument("--jobs", type=int, default=2)
+    r = sub.add_parser("run")
+    r.add_argument("--libs", type=Path, required=True)
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--variants", default=",".join(VARIANTS))
+    r.add_argument("--batches", default="1,8,32")
+    r.add_argument("--commit", default="unknown")
+    args, extra = parser.parse_known_args()
+    names = args.variants.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    if args.cmd == "build":
+        build(args.out, names, args.jobs)
+        return 0
+    return run(args.libs, args.out, names, args.batches, args.commit, extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
