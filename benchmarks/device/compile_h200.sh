@@ -19,9 +19,10 @@
 #                          enqueued and compared bit for bit with the torch ops. Carried: .device-carry/trt-lean
 #                          (libnvinfer_lean.so.11 of tensorrt-lean-cu13-libs 11.4.0.106, xz), .device-carry/trt-include
 #                          (the TensorRT OSS include/ headers), .kernels
-#   mkvariants BATCHES     megakernel build variants (benchmarks/megakernel_variants.py), one library each, carried
-#                          in .mkvariants (built here with `python -m benchmarks.megakernel_variants build --out .mkvariants`):
-#                          Llama-1B step timed and profiled per variant, outputs compared bit for bit with the default
+#   mkvariants NAME BATCHES ARGS... --  megakernel build variants (benchmarks/megakernel_variants.py), one library
+#                          each, carried in .mkvariants (built here with `python -m benchmarks.megakernel_variants build
+#                          --out .mkvariants`): Llama-1B step timed and profiled per variant, outputs compared bit for bit
+#                          with the default; ARGS go to the runner (--variants, and benchmarks.megakernel_profile's flags)
 #   restore PATH... --     put these paths back to the landed commit first (a helper's unfinished edit in the copied
 #                          working tree stays out of the run)
 #   pack                   everything in $OUT into results.tgz (a call brings back 8 files at most)
@@ -102,10 +103,10 @@ while [ $# -gt 0 ]; do
         "$repo/tests/trt_plugins/test_tensorrt_plugins.py" > "$OUT/trt_tests.log" 2>&1
       tail -15 "$OUT/trt_tests.log" ;;
     mkvariants)
-      batches=$1; shift
-      timeout 420 python3 -m benchmarks.megakernel_variants run --libs "$repo/.mkvariants" --out "$OUT/mk_variants.json" \
-        --batches "$batches" --commit "${TILEVOX_COMMIT:-unknown}" > "$OUT/mk_variants.log" 2>&1
-      echo "mkvariants rc $?"; tail -70 "$OUT/mk_variants.log" ;;
+      name=$1 batches=$2; shift 2; extra=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift || true
+      timeout 420 python3 -m benchmarks.megakernel_variants run --libs "$repo/.mkvariants" --out "$OUT/$name.json" \
+        --batches "$batches" --commit "${TILEVOX_COMMIT:-unknown}" "${extra[@]}" > "$OUT/$name.log" 2>&1
+      echo "mkvariants $name rc $?"; grep "^|\|critical path\|^batch" "$OUT/$name.log" | tail -70 ;;
     restore)
       paths=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do paths+=("$1"); shift; done; shift || true
       (cd "$repo" && git checkout HEAD -- "${paths[@]}" && git status --short | head -20) ;;

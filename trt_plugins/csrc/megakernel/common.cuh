@@ -39,6 +39,14 @@ constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are pr
 #ifndef TILEVOX_MK_INFLIGHT
 #define TILEVOX_MK_INFLIGHT 1
 #endif
+// TILEVOX_MK_ACQUIRE: 1 = counters are polled with ld.acquire.gpu; 0 = with ld.relaxed.gpu. An acquire
+// load also invalidates the SM's L1, which waits behind the weight loads the instruction issued before its
+// wait (read-only path, through L1). Relaxed is enough here: everything an instruction reads that another
+// SM wrote in this launch is read with ld.cg from L2, which the producer's release made current, and those
+// reads are issued after the block barrier that follows the poll.
+#ifndef TILEVOX_MK_ACQUIRE
+#define TILEVOX_MK_ACQUIRE 1
+#endif
 constexpr int kPollCheckEvery = 32;
 
 enum DT {
@@ -172,6 +180,17 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 }
 
 __device__ __forceinline__ int ld_volatile(const int* p) { return *reinterpret_cast<const volatile int*>(p); }
+
+// One poll of a dependency counter (see TILEVOX_MK_ACQUIRE).
+__device__ __forceinline__ int ld_poll(const int* p) {
+#if TILEVOX_MK_ACQUIRE
+  return ld_acquire(p);
+#else
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
 
 // Add v to *p with release semantics at GPU scope (see TILEVOX_MK_RELEASE).
 __device__ __forceinline__ void release_add(int* p, int v) {

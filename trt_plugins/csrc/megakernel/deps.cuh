@@ -3,7 +3,8 @@
 #pragma once
 
 // Block-wide: thread 0 spin-waits until every awaited counter of `inst` reaches its target (acquire
-// loads, __nanosleep backoff or a tight poll (TILEVOX_MK_POLL), %globaltimer watchdog). False when the block must stop (a watchdog or
+// or relaxed loads (TILEVOX_MK_ACQUIRE), __nanosleep backoff or a tight poll (TILEVOX_MK_POLL), %globaltimer
+// watchdog). False when the block must stop (a watchdog or
 // an error raised anywhere).
 __device__ bool wait_deps(const Ctx& c, const int* inst) {
   if (threadIdx.x == 0) {
@@ -19,7 +20,7 @@ __device__ bool wait_deps(const Ctx& c, const int* inst) {
         break;
       }
       const int* ctr = prm.counters + counter;
-      int value = ld_acquire(ctr);
+      int value = ld_poll(ctr);
       if (value >= target) continue;
       const uint64_t t0 = global_ns();
 #if TILEVOX_MK_POLL
@@ -27,7 +28,7 @@ __device__ bool wait_deps(const Ctx& c, const int* inst) {
 #else
       unsigned sleep_ns = 32;
 #endif
-      while ((value = ld_acquire(ctr)) < target) {
+      while ((value = ld_poll(ctr)) < target) {
 #if TILEVOX_MK_POLL
         if (++polls < kPollCheckEvery) continue;
         polls = 0;

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(tilevox_megakernel_par
         ok = op_qkv(c, inst, xs, extra);
         break;
       case TILEVOX_MK_OP_ATTN_PARTIAL:
-        ok = op_attn_partial(c, inst, extra);
+        ok = op_attn_partial(c, inst, extra, xs);
         break;
       case TILEVOX_MK_OP_ATTN_REDUCE:
         ok = op_attn_reduce(c, inst, extra);

@@ -44,109 +44,106 @@ __device__ __forceinline__ bool attn_grouped_eligible(const Buf& kc, const Buf& 
          G * D <= kGroupedQFloats;
 }
 
-__device__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_smem) {
-  const int* in = ins_of(inst);
-  const Buf qb = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF]), kc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE]), vc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE]), positions = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS]),
-            slots = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS]);
-  const Buf po = get_buf(c, outs_of(inst)[TILEVOX_MK_ATTN_PARTIAL_OUT_PART_OUT]), pl = get_buf(c, outs_of(inst)[TILEVOX_MK_ATTN_PARTIAL_OUT_PART_LSE]);
-  const int group = args_of(inst)[TILEVOX_MK_ATTN_PARTIAL_ARG_GROUP];
-  const int layer = inst[TILEVOX_MK_FIELD_LAYER], step = inst[TILEVOX_MK_FIELD_STEP];
-  const int D = c.prm.head_dim, KVH = c.prm.num_kv_heads, G = c.prm.num_heads / KVH, H = c.prm.num_heads;
-  const int P = c.prm.num_partitions, PT = c.prm.partition_tokens, B = c.prm.batch_size;
-  const int64_t c_slots = kc.dims[1], c_heads = kc.dims[2], c_len = kc.dims[3];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float scale = c.prm.attn_scale;
-  const int cpr = D / 8, kpl = 32 / cpr, kk0 = lane / cpr, cc = lane % cpr;
-  float* q = q_smem + warp * kGroupedQFloats;  // (G, D)
-  const int t_start = inst[TILEVOX_MK_FIELD_TILE_START], t_stop = inst[TILEVOX_MK_FIELD_TILE_STOP];
-  const int items = B * (t_stop - t_start);
-  for (int item = warp; item < items; item += kWarps) {
-    const int b = item / (t_stop - t_start), part = t_start + item % (t_stop - t_start);
-    const int64_t first = (int64_t)part * PT;
-    const int64_t length = ld_int(positions, b) + step + 1;
-    const int64_t limit = min((int64_t)P * PT, c_len);
-    const int64_t base_bp = ((int64_t)b * KVH + group) * P + part;  // (b, group, part): * G + head
-    if (length > limit) {
-      if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)length, (int)limit);
-      continue;
+// Build-time switch (see common.cuh's A/B switches): TILEVOX_MK_ATTN_SPLIT 1 = when an instruction has fewer
+// (row, partition) items than warps and a partition spans several 32-key rounds, the warps share each item's
+// rounds (warp w takes rounds w, w + 8, ...) with one online softmax each, and their (max, sum, weighted
+// values) combine through shared memory by log-sum-exp; 0 = one warp per item. Same outputs up to the fp32
+// order of the sums over keys (the VM sums serially).
+#ifndef TILEVOX_MK_ATTN_SPLIT
+#define TILEVOX_MK_ATTN_SPLIT 0
+#endif
+
+// One warp's online-softmax state over some rounds of one item, for the G heads of a kv group: after
+// grouped_rounds, acc holds this lane's 8 value dims [8cc, 8cc + 8), summed over the lanes of one cc
+// (valid on lanes with kk0 == 0); m and l are warp-uniform.
+static_assert(kWarps * kMaxGroup * (2 + TILEVOX_MK_MAX_HEAD_DIM) <= kXsFloats, "split attention scratch overflows xs");
+
+struct GroupedState {
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][8];
+};
+
+// Rounds t0 = first + 32 r for r = r0, r0 + rstep, ... below last. Per round every load is issued before
+// any is used: lane t's key row (all of it when it is at most 8 x 16 bytes) and the 16-byte value pieces
+// lane (kk, cc) accumulates (they do not depend on the scores). VMAX >= cpr bounds the value registers.
+template <int VMAX>
+__device__ __forceinline__ void grouped_rounds(GroupedState& st, const float* q, const uint4* keys,
+                                               const unsigned short* vals, int64_t first, int64_t last, int r0,
+                                               int rstep, int G, int D, float scale) {
+  const int lane = threadIdx.x & 31;
+  const int cpr = D / 8, kpl = 32 / cpr, kk0 = lane / cpr;
+#pragma unroll
+  for (int h = 0; h < kMaxGroup; ++h) {
+    st.m[h] = -INFINITY;
+    st.l[h] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) st.acc[h][j] = 0.f;
+  }
+  for (int64_t t0 = first + 32 * (int64_t)r0; t0 < last; t0 += 32 * (int64_t)rstep) {
+    const int64_t t = t0 + lane;
+    const bool valid = t < last;
+    const int nk = (int)min((int64_t)32, last - t0);
+    uint4 vv4[VMAX];
+#pragma unroll
+    for (int pass = 0; pass < VMAX; ++pass) {
+      const int kk = kk0 + pass * kpl;
+      vv4[pass] = pass < cpr && kk < nk ? __ldcg(reinterpret_cast<const uint4*>(vals + (t0 + kk) * D))
+                                         : make_uint4(0u, 0u, 0u, 0u);
     }
-    const int64_t last = min(first + PT, length);
-    if (last <= first) {
-      for (int idx = lane; idx < G * D; idx += 32) st(po, base_bp * G * D + idx, 0.f);
-      if (lane < G) st(pl, base_bp * G + lane, -INFINITY);
-      continue;
-    }
-    const int64_t slot = ld_int(slots, b);
-    if (slot < 0 || slot >= c_slots || group >= c_heads) {
-      if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)slot, (int)c_slots);
-      continue;
-    }
-    __syncwarp();
-    for (int idx = lane; idx < G * D; idx += 32) q[idx] = ld_act(qb, ((int64_t)b * H + group * G) * D + idx);
-    __syncwarp();
-    const int64_t cache_base = (((int64_t)layer * c_slots + slot) * c_heads + group) * c_len * D;
-    const uint4* keys = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(kc.p) + cache_base);
-    const unsigned short* vals = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + cc * 8;
-    float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][8];
+    float sc[kMaxGroup];
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
-      m[h] = -INFINITY;
-      l[h] = 0.f;
+    for (int h = 0; h < kMaxGroup; ++h) sc[h] = 0.f;
+    auto score = [&](const uint4 r, int i) {
+      const unsigned u[4] = {r.x, r.y, r.z, r.w};
+      float kv[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[h][j] = 0.f;
-    }
-    for (int64_t t0 = first; t0 < last; t0 += 32) {
-      const int64_t t = t0 + lane;
-      const bool valid = t < last;
-      float sc[kMaxGroup];
-#pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h) sc[h] = 0.f;
-      if (valid) {
-        const uint4* kr = keys + t * cpr;
-#pragma unroll 4
-        for (int i = 0; i < cpr; ++i) {
-          const uint4 r = __ldcg(kr + i);
-          const unsigned u[4] = {r.x, r.y, r.z, r.w};
-          float kv[8];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            kv[2 * j] = __uint_as_float(u[j] << 16);
-            kv[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
-          }
-#pragma unroll
-          for (int h = 0; h < kMaxGroup; ++h) {
-            if (h < G) {
-              const float* qh = q + h * D + 8 * i;
-#pragma unroll
-              for (int j = 0; j < 8; ++j) sc[h] += qh[j] * kv[j];
-            }
-          }
-        }
+      for (int j = 0; j < 4; ++j) {
+        kv[2 * j] = __uint_as_float(u[j] << 16);
+        kv[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
       }
-      float e[kMaxGroup];
 #pragma unroll
       for (int h = 0; h < kMaxGroup; ++h) {
         if (h < G) {
-          const float s = valid ? sc[h] * scale : -INFINITY;
-          const float m_new = fmaxf(m[h], warp_max(s));  // finite: key t0 is valid
-          const float corr = expf(m[h] - m_new);
-          e[h] = valid ? expf(s - m_new) : 0.f;
-          l[h] = l[h] * corr + warp_sum(e[h]);
+          const float* qh = q + h * D + 8 * i;
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[h][j] *= corr;
-          m[h] = m_new;
-        } else {
-          e[h] = 0.f;
+          for (int j = 0; j < 8; ++j) sc[h] += qh[j] * kv[j];
         }
       }
-      const int nk = (int)min((int64_t)32, last - t0);
-      const unsigned short* vr = vals + t0 * D;
+    };
+    if (valid) {
+      const uint4* kr = keys + t * cpr;
+      if constexpr (VMAX <= 8) {
+        uint4 k4[VMAX];
+#pragma unroll
+        for (int i = 0; i < VMAX; ++i) k4[i] = i < cpr ? __ldcg(kr + i) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int i = 0; i < VMAX; ++i)
+          if (i < cpr) score(k4[i], i);
+      } else {
 #pragma unroll 4
-      for (int pass = 0; pass < cpr; ++pass) {
+        for (int i = 0; i < cpr; ++i) score(__ldcg(kr + i), i);
+      }
+    }
+    float e[kMaxGroup];
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      if (h < G) {
+        const float s = valid ? sc[h] * scale : -INFINITY;
+        const float m_new = fmaxf(st.m[h], warp_max(s));  // finite: key t0 is valid
+        const float corr = expf(st.m[h] - m_new);
+        e[h] = valid ? expf(s - m_new) : 0.f;
+        st.l[h] = st.l[h] * corr + warp_sum(e[h]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) st.acc[h][j] *= corr;
+        st.m[h] = m_new;
+      } else {
+        e[h] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int pass = 0; pass < VMAX; ++pass) {
+      if (pass < cpr) {
         const int kk = kk0 + pass * kpl;
-        uint4 r = make_uint4(0u, 0u, 0u, 0u);
-        if (kk < nk) r = __ldcg(reinterpret_cast<const uint4*>(vr + (int64_t)kk * D));
-        const unsigned u[4] = {r.x, r.y, r.z, r.w};
+        const unsigned u[4] = {vv4[pass].x, vv4[pass].y, vv4[pass].z, vv4[pass].w};
         float vv[8];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -158,27 +155,137 @@ __device__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_sme
           if (h < G) {
             const float ek = __shfl_sync(0xffffffffu, e[h], kk);  // e = 0 past nk
 #pragma unroll
-            for (int j = 0; j < 8; ++j) acc[h][j] += ek * vv[j];
+            for (int j = 0; j < 8; ++j) st.acc[h][j] += ek * vv[j];
           }
         }
       }
     }
+  }
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
-      if (h < G) {
-        for (int off = cpr; off < 32; off <<= 1)
+  for (int h = 0; h < kMaxGroup; ++h) {
+    if (h < G) {
+      for (int off = cpr; off < 32; off <<= 1)
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], off);
-        if (kk0 == 0)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) st(po, (base_bp * G + h) * D + cc * 8 + j, acc[h][j] / l[h]);
-        if (lane == 0) st(pl, base_bp * G + h, m[h] + logf(l[h]));
-      }
+        for (int j = 0; j < 8; ++j) st.acc[h][j] += __shfl_xor_sync(0xffffffffu, st.acc[h][j], off);
     }
   }
 }
 
-__device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem) {
+template <int VMAX>
+__device__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_smem, float* split_smem) {
+  const int* in = ins_of(inst);
+  const Buf qb = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF]), kc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE]), vc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE]), positions = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS]),
+            slots = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS]);
+  const Buf po = get_buf(c, outs_of(inst)[TILEVOX_MK_ATTN_PARTIAL_OUT_PART_OUT]), pl = get_buf(c, outs_of(inst)[TILEVOX_MK_ATTN_PARTIAL_OUT_PART_LSE]);
+  const int group = args_of(inst)[TILEVOX_MK_ATTN_PARTIAL_ARG_GROUP];
+  const int layer = inst[TILEVOX_MK_FIELD_LAYER], step = inst[TILEVOX_MK_FIELD_STEP];
+  const int D = c.prm.head_dim, KVH = c.prm.num_kv_heads, G = c.prm.num_heads / KVH, H = c.prm.num_heads;
+  const int P = c.prm.num_partitions, PT = c.prm.partition_tokens, B = c.prm.batch_size;
+  const int64_t c_slots = kc.dims[1], c_heads = kc.dims[2], c_len = kc.dims[3];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float scale = c.prm.attn_scale;
+  const int cpr = D / 8, kk0 = lane / cpr, cc = lane % cpr;
+  float* q = q_smem + warp * kGroupedQFloats;  // (G, D)
+  const int t_start = inst[TILEVOX_MK_FIELD_TILE_START], t_stop = inst[TILEVOX_MK_FIELD_TILE_STOP];
+  const int items = B * (t_stop - t_start);
+  const int rounds = (PT + 31) / 32;
+  // Split: warps share an item's rounds (block-uniform: items and rounds are the instruction's).
+  const bool split = TILEVOX_MK_ATTN_SPLIT && items < kWarps && rounds > 1;
+  const int item0 = split ? 0 : warp, item_step = split ? 1 : kWarps;
+  for (int item = item0; item < items; item += item_step) {
+    const int b = item / (t_stop - t_start), part = t_start + item % (t_stop - t_start);
+    const int64_t first = (int64_t)part * PT;
+    const int64_t length = ld_int(positions, b) + step + 1;
+    const int64_t limit = min((int64_t)P * PT, c_len);
+    const int64_t base_bp = ((int64_t)b * KVH + group) * P + part;  // (b, group, part): * G + head
+    const int64_t slot = ld_int(slots, b);
+    if (length > limit) {
+      if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)length, (int)limit);
+      continue;
+    }
+    const int64_t last = min(first + PT, length);
+    if (last <= first) {
+      if (!split || warp == 0) {
+        for (int idx = lane; idx < G * D; idx += 32) st(po, base_bp * G * D + idx, 0.f);
+        if (lane < G) st(pl, base_bp * G + lane, -INFINITY);
+      }
+      continue;
+    }
+    if (slot < 0 || slot >= c_slots || group >= c_heads) {
+      if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)slot, (int)c_slots);
+      continue;
+    }
+    __syncwarp();
+    if (qb.dt == BF16 && (G * D) % 8 == 0) {  // 16-byte loads, all in flight at once
+      const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(qb.p) +
+                                                        ((int64_t)b * H + group * G) * D);
+      for (int i8 = lane; i8 < G * D / 8; i8 += 32) {
+        const uint4 r = __ldcg(src + i8);
+        const unsigned u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          q[8 * i8 + 2 * j] = __uint_as_float(u[j] << 16);
+          q[8 * i8 + 2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+        }
+      }
+    } else {
+      for (int idx = lane; idx < G * D; idx += 32) q[idx] = ld_act(qb, ((int64_t)b * H + group * G) * D + idx);
+    }
+    __syncwarp();
+    const int64_t cache_base = (((int64_t)layer * c_slots + slot) * c_heads + group) * c_len * D;
+    const uint4* keys = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(kc.p) + cache_base);
+    const unsigned short* vals = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + cc * 8;
+    GroupedState gs;
+    grouped_rounds<VMAX>(gs, q, keys, vals, first, last, split ? warp : 0, split ? kWarps : 1, G, D, scale);
+    if (!split) {
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h) {
+        if (h < G) {
+          if (kk0 == 0)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) st(po, (base_bp * G + h) * D + cc * 8 + j, gs.acc[h][j] / gs.l[h]);
+          if (lane == 0) st(pl, base_bp * G + h, gs.m[h] + logf(gs.l[h]));
+        }
+      }
+      continue;
+    }
+    // Split: each warp's (m, l, acc) to shared memory, then one log-sum-exp combine per (head, dim).
+    float* mine = split_smem + warp * kMaxGroup * (2 + TILEVOX_MK_MAX_HEAD_DIM);  // [h][0]=m, [1]=l, [2..]=acc
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      if (h < G) {
+        float* row = mine + h * (2 + TILEVOX_MK_MAX_HEAD_DIM);
+        if (lane == 0) {
+          row[0] = gs.m[h];
+          row[1] = gs.l[h];
+        }
+        if (kk0 == 0)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) row[2 + cc * 8 + j] = gs.acc[h][j];
+      }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
+      const int h = idx / D, d = idx - h * D;
+      float peak = -INFINITY;
+      for (int w = 0; w < kWarps; ++w) peak = fmaxf(peak, split_smem[(w * kMaxGroup + h) * (2 + TILEVOX_MK_MAX_HEAD_DIM)]);
+      float num = 0.f, den = 0.f;
+      for (int w = 0; w < kWarps; ++w) {
+        const float* row = split_smem + (w * kMaxGroup + h) * (2 + TILEVOX_MK_MAX_HEAD_DIM);
+        if (row[1] > 0.f) {  // a warp with no keys of this item: m = -inf, l = 0
+          const float f = expf(row[0] - peak);
+          num += f * row[2 + d];
+          den += f * row[1];
+        }
+      }
+      st(po, (base_bp * G + h) * D + d, num / den);
+      if (d == 0) st(pl, base_bp * G + h, peak + logf(den));
+    }
+    __syncthreads();
+  }
+}
+
+__device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem, float* split_smem) {
   const int* in = ins_of(inst);
   const Buf qb = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF]), kc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE]), vc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE]), positions = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS]),
             slots = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS]);
@@ -199,7 +306,12 @@ __device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem) {
   const int cpr = vec_v ? D / 8 : 1, kpl = 32 / cpr, kk0 = lane / cpr, cc = lane % cpr;
   if (!wait_deps(c, inst)) return false;
   if (attn_grouped_eligible(kc, vc, G, D)) {
-    attn_partial_grouped(c, inst, q_smem);
+    if (D <= 64)
+      attn_partial_grouped<8>(c, inst, q_smem, split_smem);
+    else if (D <= 128)
+      attn_partial_grouped<16>(c, inst, q_smem, split_smem);
+    else
+      attn_partial_grouped<32>(c, inst, q_smem, split_smem);
     return true;
   }
   for (int part = inst[TILEVOX_MK_FIELD_TILE_START]; part < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++part) {
