@@ -24,6 +24,7 @@ from tilevox.executor.megakernel_inputs import llama_decode_inputs, sampling_inp
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import random_llama
 from tilevox.models.sampling import SamplingParams
+from tilevox.trt_plugins.megakernel.instructions import BufferKind
 from tilevox.trt_plugins.megakernel.profile import critical_path, fit_streaming_cost, summarize_profile
 from tilevox.trt_plugins.megakernel.runtime import CudaProgram
 
@@ -107,7 +108,12 @@ def main() -> None:
         profiled.launch(check=True)  # second run: warm caches, as in the replays
         summary = summarize_profile(region.program, profiled.timestamps)
         path = critical_path(region.program, profiled.timestamps)
-        fingerprint = _fingerprint(bound) if args.fingerprint else None
+        fingerprint = None
+        if args.fingerprint:  # every buffer but scratch: weights, inputs, outputs (logits, tokens) and caches
+            kinds = {spec.name: spec.kind for spec in region.program.buffers}
+            fingerprint = _fingerprint(
+                {n: t for n, t in profiled.tensors.items() if kinds.get(n) is not BufferKind.SCRATCH}
+            )
         row = {
             "batch": batch,
             "instructions": len(region.program.instructions),

@@ -10,6 +10,9 @@ tests instead).
     # on the GPU, carrying .mkvariants:
     python -m benchmarks.megakernel_variants run --libs .mkvariants --out $OUT/variants.json
 
+A variant named rev-COMMIT is that commit's megakernel (built from a git worktree), to compare a change of the
+kernel with the kernel before it in one run; its outputs may differ in fp32 order, like ATTN_SPLIT's.
+
 Writes per variant the profile JSON (graph replay medians per batch, per-opcode summary, critical path)
 and a table; `run` exits 1 when a variant's outputs differ from the default's.
 """
@@ -60,14 +63,23 @@ def build(out: Path, names: list[str], jobs: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     def one(name: str) -> None:
-        defines = [f"-D{k}={v}" for k, v in VARIANTS[name].items()]
+        defines = [f"-D{k}={v}" for k, v in VARIANTS.get(name, {}).items()]
+        source, incs = mk[0], includes
+        if name.startswith("rev-"):  # the megakernel of an earlier commit, same switches as its default
+            tree = out / name
+            if not tree.exists():
+                subprocess.run(["git", "worktree", "add", "--detach", str(tree), name[4:]], check=True)
+            csrc = tree / "trt_plugins" / "csrc"
+            source, incs = csrc / "megakernel" / "megakernel.cu", [*includes[:-1], csrc]
         obj = out / f"megakernel_{name.replace('+', '_')}.o"
-        cmd = [nvcc, *kb.NVCC_FLAGS, *defines, *(f"-I{d}" for d in includes), "-c", str(mk[0]), "-o", str(obj)]
+        cmd = [nvcc, *kb.NVCC_FLAGS, *defines, *(f"-I{d}" for d in incs), "-c", str(source), "-o", str(obj)]
         subprocess.run(cmd, check=True)
         lib = out / _lib_name(name)
         link = [nvcc, "-shared", "-gencode", "arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC", str(obj)]
         subprocess.run([*link, *map(str, others), "-o", str(lib)], check=True)
         obj.unlink()
+        if name.startswith("rev-"):
+            subprocess.run(["git", "worktree", "remove", "--force", str(out / name)], check=True)
         print(f"built {lib} ({' '.join(defines) or 'defaults'})", flush=True)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -96,7 +108,7 @@ def run(libs: Path, out: Path, names: list[str], batches: str, commit: str, extr
         same = base is not None and all(
             a["fingerprint"] == b["fingerprint"] for a, b in zip(res["rows"], base["rows"], strict=True)
         )
-        reordered = any(k in REORDERED for k in VARIANTS[name])
+        reordered = name.startswith("rev-") or any(k in REORDERED for k in VARIANTS[name])
         failures += 0 if same or reordered else 1
         verdict = "= default" if same else ("reordered sums (GPU tests vs the VM)" if reordered else "DIFFER")
         cells = [f"{r['graph_ms_no_prefetch']:.3f}" for r in res["rows"]]
@@ -111,7 +123,7 @@ def run(libs: Path, out: Path, names: list[str], batches: str, commit: str, extr
                 "benchmark": "megakernel build variants, Llama-1B step (benchmarks.megakernel_profile per variant)",
                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "commit": commit,
-                "variants": {n: VARIANTS[n] for n in names},
+                "variants": {n: VARIANTS.get(n, {"source": n[4:]}) for n in names},
                 "results": results,
                 "table": text,
                 "failed": missing,
@@ -137,7 +149,7 @@ def main() -> int:
     r.add_argument("--commit", default="unknown")
     args, extra = parser.parse_known_args()
     names = args.variants.split(",")
-    unknown = [n for n in names if n not in VARIANTS]
+    unknown = [n for n in names if n not in VARIANTS and not n.startswith("rev-")]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     if args.cmd == "build":

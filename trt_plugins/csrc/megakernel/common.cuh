@@ -64,8 +64,10 @@ struct Buf {
   int64_t dims[kMaxDims];
 };
 
+// prm refers to the kernel's __grid_constant__ parameter: reads stay in the constant bank (a copy in the
+// context would live in local memory, whose L1 lines the weight stream evicts).
 struct Ctx {
-  tilevox_megakernel_params prm;
+  const tilevox_megakernel_params& prm;
   int queue;
   int pos;
   int* stop;      // shared: set when this block must stop (error here or elsewhere)

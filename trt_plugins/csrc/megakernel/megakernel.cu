@@ -19,6 +19,9 @@
 // its queue (cp.async.bulk.prefetch), so HBM streams while the block waits on counters.
 // Activations and state are read with ld.cg (L2, never a stale L1 line written by another SM);
 // weights with the read-only path.
+// Every opcode body is a __noinline__ function: each gets its own register allocation, so one opcode's
+// pressure does not make the interpreter loop spill (inlined, the loop spilled ~1 KB per thread to local
+// memory, whose L1 lines the weight stream evicts).
 // Files: this one holds the interpreter loop and the launcher; common.cuh (limits, buffers, loads/stores,
 // reductions, errors), matvec.cuh (the matrix-vector core), deps.cuh (counter waits, watchdog),
 // row_chunks.cuh, and one file per instruction under ops/ (the VM has one method per instruction). They
@@ -71,22 +74,18 @@ __device__ __forceinline__ void prefetch_l2(int64_t address, int64_t bytes) {
 // memory and every error path depends on block-uniform data), so no extra barrier decides to stop.
 // A block stops at its own error, or at anybody's error while it spins in wait_deps; a block that
 // never waits runs its finite queue to the end, so the kernel always terminates.
-__global__ void __launch_bounds__(kThreads, 1) megakernel(tilevox_megakernel_params prm) {
+__global__ void __launch_bounds__(kThreads, 1) megakernel(const __grid_constant__ tilevox_megakernel_params prm) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   float* xs = smem;
   float* extra = smem + kXsFloats;
   __shared__ int records[2][TILEVOX_MK_INSTRUCTION_WORDS];
   __shared__ int stop;
-  Ctx c;
-  c.prm = prm;
-  c.queue = blockIdx.x;
-  c.stop = &stop;
   const int n = prm.queue_lengths[blockIdx.x];
   const int* queue = prm.instructions + (int64_t)blockIdx.x * prm.max_queue_len * TILEVOX_MK_INSTRUCTION_WORDS;
   const int64_t* pf_queue = prm.prefetch ? prm.prefetch + (int64_t)blockIdx.x * prm.max_queue_len * TILEVOX_MK_PREFETCH_WORDS : nullptr;
   int64_t* prof = prm.profile ? prm.profile + (int64_t)blockIdx.x * prm.max_queue_len * TILEVOX_MK_PROFILE_WORDS : nullptr;
-  c.prof = prof;
+  Ctx c{prm, (int)blockIdx.x, 0, &stop, prof};
   const bool record_lane = threadIdx.x < TILEVOX_MK_INSTRUCTION_WORDS;
   const bool prefetch_lane = pf_queue != nullptr && threadIdx.x >= 32 && threadIdx.x < 32 + TILEVOX_MK_PREFETCH_WORDS;  // warp 1
   // Prologue: the first record, and the weights of the first kPrefetchDistance instructions.

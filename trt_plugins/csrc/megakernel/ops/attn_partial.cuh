@@ -58,21 +58,22 @@ __device__ __forceinline__ bool attn_grouped_eligible(const Buf& kc, const Buf& 
 // (valid on lanes with kk0 == 0); m and l are warp-uniform.
 static_assert(kWarps * kMaxGroup * (2 + TILEVOX_MK_MAX_HEAD_DIM) <= kXsFloats, "split attention scratch overflows xs");
 
+template <int GM>
 struct GroupedState {
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][8];
+  float m[GM], l[GM], acc[GM][8];
 };
 
 // Rounds t0 = first + 32 r for r = r0, r0 + rstep, ... below last. Per round every load is issued before
 // any is used: lane t's key row (all of it when it is at most 8 x 16 bytes) and the 16-byte value pieces
 // lane (kk, cc) accumulates (they do not depend on the scores). VMAX >= cpr bounds the value registers.
-template <int VMAX>
-__device__ __forceinline__ void grouped_rounds(GroupedState& st, const float* q, const uint4* keys,
+template <int VMAX, int GM>
+__device__ __forceinline__ void grouped_rounds(GroupedState<GM>& st, const float* q, const uint4* keys,
                                                const unsigned short* vals, int64_t first, int64_t last, int r0,
                                                int rstep, int G, int D, float scale) {
   const int lane = threadIdx.x & 31;
   const int cpr = D / 8, kpl = 32 / cpr, kk0 = lane / cpr;
 #pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h) {
+  for (int h = 0; h < GM; ++h) {
     st.m[h] = -INFINITY;
     st.l[h] = 0.f;
 #pragma unroll
@@ -89,9 +90,9 @@ __device__ __forceinline__ void grouped_rounds(GroupedState& st, const float* q,
       vv4[pass] = pass < cpr && kk < nk ? __ldcg(reinterpret_cast<const uint4*>(vals + (t0 + kk) * D))
                                          : make_uint4(0u, 0u, 0u, 0u);
     }
-    float sc[kMaxGroup];
+    float sc[GM];
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) sc[h] = 0.f;
+    for (int h = 0; h < GM; ++h) sc[h] = 0.f;
     auto score = [&](const uint4 r, int i) {
       const unsigned u[4] = {r.x, r.y, r.z, r.w};
       float kv[8];
@@ -101,7 +102,7 @@ __device__ __forceinline__ void grouped_rounds(GroupedState& st, const float* q,
         kv[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
       }
 #pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h) {
+      for (int h = 0; h < GM; ++h) {
         if (h < G) {
           const float* qh = q + h * D + 8 * i;
 #pragma unroll
@@ -123,9 +124,9 @@ __device__ __forceinline__ void grouped_rounds(GroupedState& st, const float* q,
         for (int i = 0; i < cpr; ++i) score(__ldcg(kr + i), i);
       }
     }
-    float e[kMaxGroup];
+    float e[GM];
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
+    for (int h = 0; h < GM; ++h) {
       if (h < G) {
         const float s = valid ? sc[h] * scale : -INFINITY;
         const float m_new = fmaxf(st.m[h], warp_max(s));  // finite: key t0 is valid
@@ -151,7 +152,7 @@ __device__ __forceinline__ void grouped_rounds(GroupedState& st, const float* q,
           vv[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
         }
 #pragma unroll
-        for (int h = 0; h < kMaxGroup; ++h) {
+        for (int h = 0; h < GM; ++h) {
           if (h < G) {
             const float ek = __shfl_sync(0xffffffffu, e[h], kk);  // e = 0 past nk
 #pragma unroll
@@ -162,7 +163,7 @@ __device__ __forceinline__ void grouped_rounds(GroupedState& st, const float* q,
     }
   }
 #pragma unroll
-  for (int h = 0; h < kMaxGroup; ++h) {
+  for (int h = 0; h < GM; ++h) {
     if (h < G) {
       for (int off = cpr; off < 32; off <<= 1)
 #pragma unroll
@@ -171,8 +172,8 @@ __device__ __forceinline__ void grouped_rounds(GroupedState& st, const float* q,
   }
 }
 
-template <int VMAX>
-__device__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_smem, float* split_smem) {
+template <int VMAX, int GM>
+__device__ __noinline__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_smem, float* split_smem) {
   const int* in = ins_of(inst);
   const Buf qb = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF]), kc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE]), vc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE]), positions = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS]),
             slots = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS]);
@@ -235,11 +236,11 @@ __device__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_sme
     const int64_t cache_base = (((int64_t)layer * c_slots + slot) * c_heads + group) * c_len * D;
     const uint4* keys = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(kc.p) + cache_base);
     const unsigned short* vals = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + cc * 8;
-    GroupedState gs;
-    grouped_rounds<VMAX>(gs, q, keys, vals, first, last, split ? warp : 0, split ? kWarps : 1, G, D, scale);
+    GroupedState<GM> gs;
+    grouped_rounds<VMAX, GM>(gs, q, keys, vals, first, last, split ? warp : 0, split ? kWarps : 1, G, D, scale);
     if (!split) {
 #pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h) {
+      for (int h = 0; h < GM; ++h) {
         if (h < G) {
           if (kk0 == 0)
 #pragma unroll
@@ -250,9 +251,9 @@ __device__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_sme
       continue;
     }
     // Split: each warp's (m, l, acc) to shared memory, then one log-sum-exp combine per (head, dim).
-    float* mine = split_smem + warp * kMaxGroup * (2 + TILEVOX_MK_MAX_HEAD_DIM);  // [h][0]=m, [1]=l, [2..]=acc
+    float* mine = split_smem + warp * GM * (2 + TILEVOX_MK_MAX_HEAD_DIM);  // [h][0]=m, [1]=l, [2..]=acc
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
+    for (int h = 0; h < GM; ++h) {
       if (h < G) {
         float* row = mine + h * (2 + TILEVOX_MK_MAX_HEAD_DIM);
         if (lane == 0) {
@@ -268,10 +269,10 @@ __device__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_sme
     for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
       const int h = idx / D, d = idx - h * D;
       float peak = -INFINITY;
-      for (int w = 0; w < kWarps; ++w) peak = fmaxf(peak, split_smem[(w * kMaxGroup + h) * (2 + TILEVOX_MK_MAX_HEAD_DIM)]);
+      for (int w = 0; w < kWarps; ++w) peak = fmaxf(peak, split_smem[(w * GM + h) * (2 + TILEVOX_MK_MAX_HEAD_DIM)]);
       float num = 0.f, den = 0.f;
       for (int w = 0; w < kWarps; ++w) {
-        const float* row = split_smem + (w * kMaxGroup + h) * (2 + TILEVOX_MK_MAX_HEAD_DIM);
+        const float* row = split_smem + (w * GM + h) * (2 + TILEVOX_MK_MAX_HEAD_DIM);
         if (row[1] > 0.f) {  // a warp with no keys of this item: m = -inf, l = 0
           const float f = expf(row[0] - peak);
           num += f * row[2 + d];
@@ -285,7 +286,7 @@ __device__ void attn_partial_grouped(const Ctx& c, const int* inst, float* q_sme
   }
 }
 
-__device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem, float* split_smem) {
+__device__ __noinline__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem, float* split_smem) {
   const int* in = ins_of(inst);
   const Buf qb = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF]), kc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE]), vc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE]), positions = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS]),
             slots = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS]);
@@ -306,12 +307,25 @@ __device__ bool op_attn_partial(const Ctx& c, const int* inst, float* q_smem, fl
   const int cpr = vec_v ? D / 8 : 1, kpl = 32 / cpr, kk0 = lane / cpr, cc = lane % cpr;
   if (!wait_deps(c, inst)) return false;
   if (attn_grouped_eligible(kc, vc, G, D)) {
-    if (D <= 64)
-      attn_partial_grouped<8>(c, inst, q_smem, split_smem);
-    else if (D <= 128)
-      attn_partial_grouped<16>(c, inst, q_smem, split_smem);
-    else
-      attn_partial_grouped<32>(c, inst, q_smem, split_smem);
+    // Register arrays sized for the head dim (value pieces) and the group (accumulators), so that the common
+    // shapes do not spill: Llama-1B (D 64, G 4), Qwen3-TTS (D 128, G 2).
+    if (D <= 64) {
+      if (G <= 2)
+        attn_partial_grouped<8, 2>(c, inst, q_smem, split_smem);
+      else if (G <= 4)
+        attn_partial_grouped<8, 4>(c, inst, q_smem, split_smem);
+      else
+        attn_partial_grouped<8, kMaxGroup>(c, inst, q_smem, split_smem);
+    } else if (D <= 128) {
+      if (G <= 2)
+        attn_partial_grouped<16, 2>(c, inst, q_smem, split_smem);
+      else if (G <= 4)
+        attn_partial_grouped<16, 4>(c, inst, q_smem, split_smem);
+      else
+        attn_partial_grouped<16, kMaxGroup>(c, inst, q_smem, split_smem);
+    } else {
+      attn_partial_grouped<32, kMaxGroup>(c, inst, q_smem, split_smem);
+    }
     return true;
   }
   for (int part = inst[TILEVOX_MK_FIELD_TILE_START]; part < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++part) {
