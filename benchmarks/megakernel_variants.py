@@ -31,8 +31,7 @@ from pathlib import Path
 VARIANTS: dict[str, dict[str, int]] = {
     "default": {},
     "relaxed": {"TILEVOX_MK_ACQUIRE": 0},
-    "split": {"TILEVOX_MK_ATTN_SPLIT": 1},
-    "relaxed+split": {"TILEVOX_MK_ACQUIRE": 0, "TILEVOX_MK_ATTN_SPLIT": 1},
+    "nosplit": {"TILEVOX_MK_ATTN_SPLIT": 0},
     "relaxed+poll": {"TILEVOX_MK_ACQUIRE": 0, "TILEVOX_MK_POLL": 1},
     "relaxed+inflight2": {"TILEVOX_MK_ACQUIRE": 0, "TILEVOX_MK_INFLIGHT": 2},
     "poll": {"TILEVOX_MK_POLL": 1},

@@ -95,13 +95,18 @@ class TilingConfig:
     """Rows per matrix-vector tile (Hazy uses 16 at batch 1), query/key/value heads per QKV tile,
     batch rows per sampling tile, and the KV partitioning of attention: partitions of at least
     min_partition_tokens keys, at most max_partitions of them (partition_tokens overrides both);
-    batch rows per cross-attention tile (one tile per kv group and row range)."""
+    batch rows per cross-attention tile (one tile per kv group and row range).
+
+    Partitions of at least 64 keys (256 until 2026-12-06): on an H100, Llama-1B step at context 512, 64-key
+    partitions took 2.88 / 3.35 / 6.67 ms at batch 1 / 8 / 32 against 2.81 / 3.95 / 8.98 ms with 256
+    (same run, benchmarks/results/megakernel_variants_h100_4266d9f.json); the benchmarks and the correctness
+    matrix already used 64."""
 
     matvec_rows: int = 16
     lm_head_rows: int = 64
     heads_per_qkv_tile: int = 1
     sample_rows: int = 1
-    min_partition_tokens: int = 256
+    min_partition_tokens: int = 64
     max_partitions: int = 24
     partition_tokens: int | None = None
     cross_attn_rows: int = 4

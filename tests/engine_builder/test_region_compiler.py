@@ -411,8 +411,8 @@ def test_bf16_full_step_within_bf16_tolerance(tiny_llama):
 
 
 def test_long_context_with_default_tiling(tiny_llama):
-    """Default tiling (16-row tiles, >= 256-key partitions): a 600-token and a 3-token stream in one
-    batch, context 1000 -> 4 partitions of 256 keys, most of them empty for the short row."""
+    """Default tiling (16-row tiles, >= 64-key partitions): a 600-token and a 3-token stream in one
+    batch, context 1000 -> 16 partitions of 64 keys, most of them empty for the short row."""
     slots, lengths = [1, 0], [600, 3]
     cache = tiny_llama.new_cache(max_streams=2, max_seq_len=1000)
     for _ in range(2):
@@ -428,7 +428,8 @@ def test_long_context_with_default_tiling(tiny_llama):
         max_context=1000,
         num_cache_slots=2,
     )
-    assert region.program.constants.num_partitions == 4
+    assert region.program.constants.num_partitions == 16
+    assert region.program.constants.partition_tokens == 64
     tokens = torch.tensor([1, 2])
     bound = {
         **llama_decode_inputs(region, cache, slots, tokens),

@@ -44,13 +44,14 @@ __device__ __forceinline__ bool attn_grouped_eligible(const Buf& kc, const Buf& 
          G * D <= kGroupedQFloats;
 }
 
-// Build-time switch (see common.cuh's A/B switches): TILEVOX_MK_ATTN_SPLIT 1 = when an instruction has fewer
-// (row, partition) items than warps and a partition spans several 32-key rounds, the warps share each item's
-// rounds (warp w takes rounds w, w + 8, ...) with one online softmax each, and their (max, sum, weighted
+// Build-time switch (see common.cuh's A/B switches): TILEVOX_MK_ATTN_SPLIT 1 (default) = when an instruction has
+// fewer (row, partition) items than warps and a partition spans several 32-key rounds, the warps share each
+// item's rounds (warp w takes rounds w, w + 8, ...) with one online softmax each, and their (max, sum, weighted
 // values) combine through shared memory by log-sum-exp; 0 = one warp per item. Same outputs up to the fp32
-// order of the sums over keys (the VM sums serially).
+// order of the sums over keys (the VM sums serially). H100, 2026-12-06, Llama-1B step at batch 1, context 512,
+// 256-key partitions: 2.81 ms against 3.29 without (benchmarks/results/megakernel_variants_h100_4266d9f.json).
 #ifndef TILEVOX_MK_ATTN_SPLIT
-#define TILEVOX_MK_ATTN_SPLIT 0
+#define TILEVOX_MK_ATTN_SPLIT 1
 #endif
 
 // One warp's online-softmax state over some rounds of one item, for the G heads of a kv group: after
