@@ -99,7 +99,7 @@ class TilingConfig:
 
     Partitions of at least 64 keys (256 until 2026-12-06): on an H100, Llama-1B step at context 512, 64-key
     partitions took 2.88 / 3.35 / 6.67 ms at batch 1 / 8 / 32 against 2.81 / 3.95 / 8.98 ms with 256
-    (same run, benchmarks/results/megakernel_variants_h100_4266d9f.json); the benchmarks and the correctness
+    (same run, benchmarks/results/megakernel_variants_h100_4266d9f_pt{64,256}.json); the benchmarks and the correctness
     matrix already used 64."""
 
     matvec_rows: int = 16

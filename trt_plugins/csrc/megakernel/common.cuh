@@ -81,13 +81,19 @@ __device__ __forceinline__ Buf get_buf(const Ctx& c, int id) {
   b.ndim = 0;
   for (int i = 0; i < kMaxDims; ++i) b.dims[i] = 1;
   if (id < 0 || id >= c.prm.num_buffers) return b;
-  const int64_t* row = c.prm.buffer_table + (int64_t)id * (3 + kMaxDims);
-  b.p = static_cast<char*>(c.prm.buffer_ptrs[id]);
-  b.dt = (int)row[1];
-  b.ndim = (int)row[2];
-  for (int i = 0; i < b.ndim && i < kMaxDims; ++i) b.dims[i] = row[3 + i];
+  // The whole 64-byte row and the pointer in independent read-only loads (the tables do not change during a
+  // launch): one round trip, not one for the rank and another for the dims it bounds.
+  const longlong2* row = reinterpret_cast<const longlong2*>(c.prm.buffer_table + (int64_t)id * (3 + kMaxDims));
+  const longlong2 r01 = __ldg(row), r23 = __ldg(row + 1), r45 = __ldg(row + 2), r67 = __ldg(row + 3);
+  b.p = reinterpret_cast<char*>(__ldg(reinterpret_cast<const unsigned long long*>(c.prm.buffer_ptrs) + id));
+  b.dt = (int)r01.y;
+  b.ndim = (int)r23.x;
+  const int64_t dims[kMaxDims] = {r23.y, r45.x, r45.y, r67.x, r67.y};
+#pragma unroll
+  for (int i = 0; i < kMaxDims; ++i) b.dims[i] = i < b.ndim ? dims[i] : 1;
   return b;
 }
+static_assert(3 + kMaxDims == 8, "get_buf loads a buffer-table row as four 16-byte words");
 
 __device__ __forceinline__ float bf16_bits_to_float(unsigned short u) {
   return __uint_as_float(static_cast<unsigned>(u) << 16);

@@ -49,7 +49,7 @@ __device__ __forceinline__ bool attn_grouped_eligible(const Buf& kc, const Buf& 
 // item's rounds (warp w takes rounds w, w + 8, ...) with one online softmax each, and their (max, sum, weighted
 // values) combine through shared memory by log-sum-exp; 0 = one warp per item. Same outputs up to the fp32
 // order of the sums over keys (the VM sums serially). H100, 2026-12-06, Llama-1B step at batch 1, context 512,
-// 256-key partitions: 2.81 ms against 3.29 without (benchmarks/results/megakernel_variants_h100_4266d9f.json).
+// 256-key partitions: 2.81 ms against 3.29 without (benchmarks/results/megakernel_variants_h100_4266d9f_pt{64,256}.json).
 #ifndef TILEVOX_MK_ATTN_SPLIT
 #define TILEVOX_MK_ATTN_SPLIT 1
 #endif
