@@ -23,6 +23,9 @@
 #                          each, carried in .mkvariants (built here with `python -m benchmarks.megakernel_variants build
 #                          --out .mkvariants`): Llama-1B step timed and profiled per variant, outputs compared bit for bit
 #                          with the default; ARGS go to the runner (--variants, and benchmarks.megakernel_profile's flags)
+#   mkbench NAME ARGS... --  benchmarks/megakernel_h200.py (megakernel vs conventional CUDA graph vs torch.compile per
+#                          model and batch) with ARGS, MKBENCH_TIMEOUT seconds at most (240)
+#   mkcorrect              the megakernel correctness matrix (benchmarks/megakernel_correctness.py, Llasa-1B shapes)
 #   restore PATH... --     put these paths back to the landed commit first (a helper's unfinished edit in the copied
 #                          working tree stays out of the run)
 #   pack                   everything in $OUT into results.tgz (a call brings back 8 files at most)
@@ -107,6 +110,15 @@ while [ $# -gt 0 ]; do
       timeout 420 python3 -m benchmarks.megakernel_variants run --libs "$repo/.mkvariants" --out "$OUT/$name.json" \
         --batches "$batches" --commit "${TILEVOX_COMMIT:-unknown}" "${extra[@]}" > "$OUT/$name.log" 2>&1
       echo "mkvariants $name rc $?"; grep "^|\|critical path\|^batch" "$OUT/$name.log" | tail -70 ;;
+    mkbench)
+      name=$1; shift; extra=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift || true
+      timeout "${MKBENCH_TIMEOUT:-240}" python3 -m benchmarks.megakernel_h200 --commit "${TILEVOX_COMMIT:-unknown}" \
+        --out "$OUT/$name.json" "${extra[@]}" > "$OUT/$name.log" 2>&1
+      echo "mkbench $name rc $?"; grep -v "^ \|^V1\|^I1\|^W1" "$OUT/$name.log" | tail -24 ;;
+    mkcorrect)
+      timeout 150 python3 -m benchmarks.megakernel_correctness --commit "${TILEVOX_COMMIT:-unknown}" \
+        --out "$OUT/megakernel_correctness.json" > "$OUT/correctness.log" 2>&1
+      echo "mkcorrect rc $?"; tail -27 "$OUT/correctness.log" ;;
     restore)
       paths=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do paths+=("$1"); shift; done; shift || true
       (cd "$repo" && git checkout HEAD -- "${paths[@]}" && git status --short | head -20) ;;
