@@ -47,6 +47,15 @@ constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are pr
 #ifndef TILEVOX_MK_ACQUIRE
 #define TILEVOX_MK_ACQUIRE 1
 #endif
+// TILEVOX_MK_EARLY_POLL: 1 = when thread 0 reads an instruction's record it starts an asynchronous copy
+// (cp.async, no register) of its first kEarlyWaits awaited counters into shared memory, ahead of the
+// instruction's weight loads; wait_deps takes a copied value that already meets its target instead of
+// polling (a copy can only be older than the counter, never ahead of it: counters only grow during a
+// launch). 0 = the first poll is issued inside wait_deps, behind the weight loads.
+#ifndef TILEVOX_MK_EARLY_POLL
+#define TILEVOX_MK_EARLY_POLL 0
+#endif
+constexpr int kEarlyWaits = 2;
 constexpr int kPollCheckEvery = 32;
 
 enum DT {
@@ -70,8 +79,9 @@ struct Ctx {
   const tilevox_megakernel_params& prm;
   int queue;
   int pos;
-  int* stop;      // shared: set when this block must stop (error here or elsewhere)
-  int64_t* prof;  // this queue's profile rows, or null
+  int* stop;         // shared: set when this block must stop (error here or elsewhere)
+  int64_t* prof;     // this queue's profile rows, or null
+  const int* early;  // shared: the first kEarlyWaits awaited counters as read at the record (TILEVOX_MK_EARLY_POLL)
 };
 
 __device__ __forceinline__ Buf get_buf(const Ctx& c, int id) {

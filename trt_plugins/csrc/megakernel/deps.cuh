@@ -12,6 +12,9 @@ __device__ bool wait_deps(const Ctx& c, const int* inst) {
     // Errors raised elsewhere are polled only while spinning: a satisfied wait costs one acquire load.
     int s = 0;
     const int nw = inst[TILEVOX_MK_FIELD_NUM_WAITS];
+#if TILEVOX_MK_EARLY_POLL
+    asm volatile("cp.async.wait_all;" ::: "memory");  // the record-time copies of the counters
+#endif
     for (int i = 0; i < nw && !s; ++i) {
       const int counter = inst[TILEVOX_MK_FIELD_WAITS + 2 * i], target = inst[TILEVOX_MK_FIELD_WAITS + 2 * i + 1];
       if (counter < 0 || counter >= prm.num_counters) {
@@ -20,6 +23,9 @@ __device__ bool wait_deps(const Ctx& c, const int* inst) {
         break;
       }
       const int* ctr = prm.counters + counter;
+#if TILEVOX_MK_EARLY_POLL
+      if (i < kEarlyWaits && c.early[i] >= target) continue;
+#endif
       int value = ld_poll(ctr);
       if (value >= target) continue;
       const uint64_t t0 = global_ns();

@@ -81,11 +81,12 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(const __grid_constant_
   float* extra = smem + kXsFloats;
   __shared__ int records[2][TILEVOX_MK_INSTRUCTION_WORDS];
   __shared__ int stop;
+  __shared__ int early[kEarlyWaits];
   const int n = prm.queue_lengths[blockIdx.x];
   const int* queue = prm.instructions + (int64_t)blockIdx.x * prm.max_queue_len * TILEVOX_MK_INSTRUCTION_WORDS;
   const int64_t* pf_queue = prm.prefetch ? prm.prefetch + (int64_t)blockIdx.x * prm.max_queue_len * TILEVOX_MK_PREFETCH_WORDS : nullptr;
   int64_t* prof = prm.profile ? prm.profile + (int64_t)blockIdx.x * prm.max_queue_len * TILEVOX_MK_PROFILE_WORDS : nullptr;
-  Ctx c{prm, (int)blockIdx.x, 0, &stop, prof};
+  Ctx c{prm, (int)blockIdx.x, 0, &stop, prof, early};
   const bool record_lane = threadIdx.x < TILEVOX_MK_INSTRUCTION_WORDS;
   const bool prefetch_lane = pf_queue != nullptr && threadIdx.x >= 32 && threadIdx.x < 32 + TILEVOX_MK_PREFETCH_WORDS;  // warp 1
   // Prologue: the first record, and the weights of the first kPrefetchDistance instructions.
@@ -106,6 +107,24 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(const __grid_constant_
     int64_t pf_word = 0;
     if (prefetch_lane && pos + kPrefetchDistance < n) pf_word = pf_queue[TILEVOX_MK_PREFETCH_WORDS * (pos + kPrefetchDistance) + threadIdx.x - 32];
     if (threadIdx.x == 0 && prof) prof[TILEVOX_MK_PROFILE_WORDS * pos] = (int64_t)global_ns();
+#if TILEVOX_MK_EARLY_POLL
+    if (threadIdx.x == 0) {  // the awaited counters, copied to shared memory while the weights load
+      // An instruction that never reached wait_deps may have left its copies in flight: let them land
+      // before this record's copies and stores take the same slots.
+      asm volatile("cp.async.wait_all;" ::: "memory");
+      const int nw = inst[TILEVOX_MK_FIELD_NUM_WAITS];
+      for (int i = 0; i < kEarlyWaits; ++i) {
+        const int counter = i < nw ? inst[TILEVOX_MK_FIELD_WAITS + 2 * i] : -1;
+        if (counter >= 0 && counter < prm.num_counters) {
+          const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(early + i));
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(prm.counters + counter) : "memory");
+        } else {
+          early[i] = -1;  // no such wait: never taken as met
+        }
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+#endif
     const int signal = inst[TILEVOX_MK_FIELD_SIGNAL];
     bool ok;
     switch (inst[0]) {
