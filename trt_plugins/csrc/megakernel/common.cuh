@@ -55,6 +55,16 @@ constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are pr
 #ifndef TILEVOX_MK_EARLY_POLL
 #define TILEVOX_MK_EARLY_POLL 0
 #endif
+// TILEVOX_MK_OP_NOINLINE: 1 = every opcode body is a __noinline__ function (its own register allocation);
+// 0 = the compiler decides (before 2026-12-06 it inlined most of them and the interpreter loop spilled).
+#ifndef TILEVOX_MK_OP_NOINLINE
+#define TILEVOX_MK_OP_NOINLINE 1
+#endif
+#if TILEVOX_MK_OP_NOINLINE
+#define TILEVOX_MK_OP __device__ __noinline__
+#else
+#define TILEVOX_MK_OP __device__
+#endif
 constexpr int kEarlyWaits = 2;
 constexpr int kPollCheckEvery = 32;
 

@@ -19,7 +19,7 @@
 // its queue (cp.async.bulk.prefetch), so HBM streams while the block waits on counters.
 // Activations and state are read with ld.cg (L2, never a stale L1 line written by another SM);
 // weights with the read-only path.
-// Every opcode body is a __noinline__ function: each gets its own register allocation, so one opcode's
+// Every opcode body is a __noinline__ function (TILEVOX_MK_OP): each gets its own register allocation, so one opcode's
 // pressure does not make the interpreter loop spill (inlined, the loop spilled ~1 KB per thread to local
 // memory, whose L1 lines the weight stream evicts).
 // Files: this one holds the interpreter loop and the launcher; common.cuh (limits, buffers, loads/stores,

@@ -287,7 +287,7 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
   }
 }
 
-__device__ __noinline__ bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, float* split_smem) {
+TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, float* split_smem) {
   const int* in = ins_of(inst);
   const Buf qb = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF]), kc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE]), vc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE]), positions = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS]),
             slots = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS]);

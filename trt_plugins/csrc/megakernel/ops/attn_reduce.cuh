@@ -2,7 +2,7 @@
 // Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
 #pragma once
 
-__device__ __noinline__ bool op_attn_reduce(const Ctx c, const int* inst, float* lse_smem) {
+TILEVOX_MK_OP bool op_attn_reduce(const Ctx c, const int* inst, float* lse_smem) {
   const Buf po = get_buf(c, ins_of(inst)[TILEVOX_MK_ATTN_REDUCE_IN_PART_OUT]), pl = get_buf(c, ins_of(inst)[TILEVOX_MK_ATTN_REDUCE_IN_PART_LSE]);
   const Buf out = get_buf(c, outs_of(inst)[TILEVOX_MK_ATTN_REDUCE_OUT_ATTN_OUT]);
   const int D = c.prm.head_dim, KVH = c.prm.num_kv_heads, G = c.prm.num_heads / KVH, H = c.prm.num_heads;

@@ -9,7 +9,7 @@
 // One warp per (row of the tile, query head of the group): the row's keys 32 at a time, one key per
 // lane for the scores, online softmax in fp32, then the 32 weighted value rows accumulated with lanes
 // over head dims; keys past text_lengths[b] are never read. Same math as vm.py's _cross_attn.
-__device__ __noinline__ bool op_cross_attn(const Ctx c, const int* inst, float* q_smem) {
+TILEVOX_MK_OP bool op_cross_attn(const Ctx c, const int* inst, float* q_smem) {
   const int* in = ins_of(inst);
   const Buf qb = get_buf(c, in[TILEVOX_MK_CROSS_ATTN_IN_Q]), kc = get_buf(c, in[TILEVOX_MK_CROSS_ATTN_IN_K_CACHE]),
             vc = get_buf(c, in[TILEVOX_MK_CROSS_ATTN_IN_V_CACHE]),

@@ -2,7 +2,7 @@
 // Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
 #pragma once
 
-__device__ __noinline__ bool op_embed(const Ctx c, const int* inst) {
+TILEVOX_MK_OP bool op_embed(const Ctx c, const int* inst) {
   const Buf tokens = get_buf(c, ins_of(inst)[TILEVOX_MK_EMBED_IN_TOKENS]), table = get_buf(c, ins_of(inst)[TILEVOX_MK_EMBED_IN_TABLE]);
   const Buf x = get_buf(c, outs_of(inst)[TILEVOX_MK_EMBED_OUT_X]);
   const int64_t width = table.dims[1], vocab = table.dims[0];

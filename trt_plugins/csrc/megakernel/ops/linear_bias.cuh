@@ -2,7 +2,7 @@
 // Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
 #pragma once
 
-__device__ __noinline__ bool op_linear_bias(const Ctx c, const int* inst, float* xs) {
+TILEVOX_MK_OP bool op_linear_bias(const Ctx c, const int* inst, float* xs) {
   const Buf x = get_buf(c, ins_of(inst)[TILEVOX_MK_LINEAR_BIAS_IN_X]), w = get_buf(c, ins_of(inst)[TILEVOX_MK_LINEAR_BIAS_IN_W]);
   const int bias_id = ins_of(inst)[TILEVOX_MK_LINEAR_BIAS_IN_BIAS];
   const Buf bias = get_buf(c, bias_id);

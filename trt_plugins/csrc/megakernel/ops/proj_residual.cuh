@@ -9,7 +9,7 @@ static_assert(TILEVOX_MK_OPROJ_RESIDUAL_IN_X_IN == TILEVOX_MK_DOWN_RESIDUAL_IN_X
 static_assert(TILEVOX_MK_OPROJ_RESIDUAL_OUT_X_OUT == TILEVOX_MK_DOWN_RESIDUAL_OUT_X_OUT, "slot mismatch");
 
 // OPROJ_RESIDUAL and DOWN_RESIDUAL: x_out[b, r] = x_in[b, r] + (a[b] . w[r]) rounded.
-__device__ __noinline__ bool op_proj_residual(const Ctx c, const int* inst, float* xs) {
+TILEVOX_MK_OP bool op_proj_residual(const Ctx c, const int* inst, float* xs) {
   const Buf a = get_buf(c, ins_of(inst)[TILEVOX_MK_OPROJ_RESIDUAL_IN_ATTN_OUT]), w = get_buf(c, ins_of(inst)[TILEVOX_MK_OPROJ_RESIDUAL_IN_W_O]), x_in = get_buf(c, ins_of(inst)[TILEVOX_MK_OPROJ_RESIDUAL_IN_X_IN]);
   const Buf x_out = get_buf(c, outs_of(inst)[TILEVOX_MK_OPROJ_RESIDUAL_OUT_X_OUT]);
   const int B = (int)a.dims[0], K = (int)a.dims[1], N = (int)x_out.dims[1];

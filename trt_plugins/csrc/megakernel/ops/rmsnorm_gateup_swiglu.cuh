@@ -4,7 +4,7 @@
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
-__device__ __noinline__ bool op_gateup(const Ctx c, const int* inst, float* xs) {
+TILEVOX_MK_OP bool op_gateup(const Ctx c, const int* inst, float* xs) {
   const Buf x = get_buf(c, ins_of(inst)[TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_IN_X]), ln = get_buf(c, ins_of(inst)[TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_IN_LN_W]), wg = get_buf(c, ins_of(inst)[TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_IN_W_GATE]),
             wu = get_buf(c, ins_of(inst)[TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_IN_W_UP]);
   const Buf h = get_buf(c, outs_of(inst)[TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_OUT_H]);

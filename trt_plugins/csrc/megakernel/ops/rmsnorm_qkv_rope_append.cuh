@@ -2,7 +2,7 @@
 // Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
 #pragma once
 
-__device__ __noinline__ bool op_qkv(const Ctx c, const int* inst, float* xs, float* hb) {
+TILEVOX_MK_OP bool op_qkv(const Ctx c, const int* inst, float* xs, float* hb) {
   const int* in = ins_of(inst);
   const Buf x = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_X]), ln = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_LN_W]), wq = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_W_Q]), wk = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_W_K]),
             wv = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_W_V]), qkn = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_QK_NORM_W]), inv_freq = get_buf(c, in[TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_IN_INV_FREQ]),

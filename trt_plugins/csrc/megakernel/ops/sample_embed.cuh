@@ -17,7 +17,7 @@ __device__ __forceinline__ uint32_t hash32(uint32_t x) {
   return x;
 }
 
-__device__ __noinline__ bool op_sample(const Ctx c, const int* inst, float* smem) {
+TILEVOX_MK_OP bool op_sample(const Ctx c, const int* inst, float* smem) {
   const int* in = ins_of(inst);
   const Buf logits = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_LOGITS]), temperature = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_TEMPERATURE]), top_k = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_TOP_K]),
             top_p = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_TOP_P]), seed = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_SEED]), rng_offset = get_buf(c, in[TILEVOX_MK_SAMPLE_EMBED_IN_RNG_OFFSET]),
