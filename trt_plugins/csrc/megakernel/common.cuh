@@ -22,28 +22,29 @@ static_assert(kTcRedFloats + kExtraFloats >= kWarps * 2 * 16 * kTcMaxBatch, "two
 constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are prefetched to L2
 
 // Build-time variants, for same-run A/B measurements (benchmarks/megakernel_variants.py builds one library
-// per setting; the default build uses the values below).
+// per setting; the default build uses the values below). "Measured" = Llasa-1B step, context 512, batch
+// 1 / 8 / 32, on an H100 on 2026-12-06 (benchmarks/results/megakernel_variants_h100_*.json); run noise ~3 %.
 // TILEVOX_MK_POLL: 0 = every poll of a counter also reads the error word and the timer, then sleeps
 // (32-256 ns backoff); 1 = poll the counter alone, checking the error word and the watchdog every
-// kPollCheckEvery polls, without sleeping.
+// kPollCheckEvery polls, without sleeping. Measured: no difference.
 #ifndef TILEVOX_MK_POLL
 #define TILEVOX_MK_POLL 0
 #endif
 // TILEVOX_MK_RELEASE: 0 = __threadfence() then atomicAdd; 1 = one red.release.gpu add (cumulative: it
-// orders every write the block's barrier ordered before it).
+// orders every write the block's barrier ordered before it). Measured: no difference.
 #ifndef TILEVOX_MK_RELEASE
 #define TILEVOX_MK_RELEASE 0
 #endif
 // TILEVOX_MK_INFLIGHT: k blocks of weight loads in flight per warp on the tensor-core path, as a
-// multiple of the default (1 or 2).
+// multiple of the default (1 or 2). Measured: 2 is 10-15 % slower (the waits that follow the loads grew).
 #ifndef TILEVOX_MK_INFLIGHT
 #define TILEVOX_MK_INFLIGHT 1
 #endif
-// TILEVOX_MK_ACQUIRE: 1 = counters are polled with ld.acquire.gpu; 0 = with ld.relaxed.gpu. An acquire
-// load also invalidates the SM's L1, which waits behind the weight loads the instruction issued before its
-// wait (read-only path, through L1). Relaxed is enough here: everything an instruction reads that another
-// SM wrote in this launch is read with ld.cg from L2, which the producer's release made current, and those
-// reads are issued after the block barrier that follows the poll.
+// TILEVOX_MK_ACQUIRE: 1 = counters are polled with ld.acquire.gpu; 0 = with ld.relaxed.gpu (tried on the
+// guess that an acquire waits behind the weight loads issued before it). Relaxed would be enough here:
+// everything an instruction reads that another SM wrote in this launch is read with ld.cg from L2, which
+// the producer's release made current, after the block barrier that follows the poll. Measured: no
+// difference, so the default stays with the memory model's acquire.
 #ifndef TILEVOX_MK_ACQUIRE
 #define TILEVOX_MK_ACQUIRE 1
 #endif
@@ -51,7 +52,9 @@ constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are pr
 // (cp.async, no register) of its first kEarlyWaits awaited counters into shared memory, ahead of the
 // instruction's weight loads; wait_deps takes a copied value that already meets its target instead of
 // polling (a copy can only be older than the counter, never ahead of it: counters only grow during a
-// launch). 0 = the first poll is issued inside wait_deps, behind the weight loads.
+// launch). 0 = the first poll is issued inside wait_deps, behind the weight loads. Written against the
+// ~4.5 us per instruction the critical path spends between a record and its met counters; not measured
+// yet, so off.
 #ifndef TILEVOX_MK_EARLY_POLL
 #define TILEVOX_MK_EARLY_POLL 0
 #endif

@@ -2,10 +2,9 @@
 // Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
 #pragma once
 
-// Block-wide: thread 0 spin-waits until every awaited counter of `inst` reaches its target (acquire
-// or relaxed loads (TILEVOX_MK_ACQUIRE), __nanosleep backoff or a tight poll (TILEVOX_MK_POLL), %globaltimer
-// watchdog). False when the block must stop (a watchdog or
-// an error raised anywhere).
+// Block-wide: thread 0 spin-waits until every awaited counter of `inst` reaches its target (acquire or
+// relaxed loads: TILEVOX_MK_ACQUIRE; __nanosleep backoff or a tight poll: TILEVOX_MK_POLL; a %globaltimer
+// watchdog). False when the block must stop (a watchdog or an error raised anywhere).
 __device__ bool wait_deps(const Ctx& c, const int* inst) {
   if (threadIdx.x == 0) {
     const tilevox_megakernel_params& prm = c.prm;
