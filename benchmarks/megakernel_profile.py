@@ -4,8 +4,8 @@
 Llama-1B full decode step (random bf16 weights on the GPU; `--vocab 128256 --tied` for Llama-3.2-1B,
 default Llasa-1B's untied 193,800) at the given batches and context. Times: CUDA-graph replays, CUDA
 events, median of `--iters`. Each row also gives the launch's critical path (`megakernel.profile.critical_path`:
-execution per opcode, hand-offs, idle waits, queue gaps) and, with `--fingerprint`, a checksum of every bound
-tensor after the profiled launches (benchmarks.megakernel_variants compares builds with it).
+execution per opcode, hand-offs, idle waits, queue gaps) and, with `--fingerprint`, a checksum of every non-scratch
+buffer after the profiled launches (benchmarks.megakernel_variants compares builds with it).
 Usage: python -m benchmarks.megakernel_profile --out profile.json
 """
 
@@ -66,7 +66,9 @@ def main() -> None:
     parser.add_argument("--lm-head-rows", type=int, default=64)
     parser.add_argument("--min-partition-tokens", type=int, default=64)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--fingerprint", action="store_true", help="checksum every bound tensor after the launches")
+    parser.add_argument(
+        "--fingerprint", action="store_true", help="checksum every non-scratch buffer after the launches"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)  # the cache contents and tokens: the same in every process (variants compare outputs)
     config = LlamaConfig.preset("1b")

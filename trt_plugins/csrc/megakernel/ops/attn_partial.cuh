@@ -48,16 +48,18 @@ __device__ __forceinline__ bool attn_grouped_eligible(const Buf& kc, const Buf& 
 // fewer (row, partition) items than warps and a partition spans several 32-key rounds, the warps share each
 // item's rounds (warp w takes rounds w, w + 8, ...) with one online softmax each, and their (max, sum, weighted
 // values) combine through shared memory by log-sum-exp; 0 = one warp per item. Same outputs up to the fp32
-// order of the sums over keys (the VM sums serially). H100, 2026-12-06, Llama-1B step at batch 1, context 512,
+// order of the sums over keys (the VM sums serially). H100, 2026-12-06, Llasa-1B step at batch 1, context 512,
 // 256-key partitions: 2.81 ms against 3.29 without (benchmarks/results/megakernel_variants_h100_4266d9f_pt{64,256}.json).
 #ifndef TILEVOX_MK_ATTN_SPLIT
 #define TILEVOX_MK_ATTN_SPLIT 1
 #endif
 
-// One warp's online-softmax state over some rounds of one item, for the G heads of a kv group: after
+// The split's per-warp (m, l, acc) rows live in the staging area xs, unused by attention.
+static_assert(kWarps * kMaxGroup * (2 + TILEVOX_MK_MAX_HEAD_DIM) <= kXsFloats, "split attention scratch overflows xs");
+
+// One warp's online-softmax state over some rounds of one item, for the G <= GM heads of a kv group: after
 // grouped_rounds, acc holds this lane's 8 value dims [8cc, 8cc + 8), summed over the lanes of one cc
 // (valid on lanes with kk0 == 0); m and l are warp-uniform.
-static_assert(kWarps * kMaxGroup * (2 + TILEVOX_MK_MAX_HEAD_DIM) <= kXsFloats, "split attention scratch overflows xs");
 
 template <int GM>
 struct GroupedState {
