@@ -11,6 +11,7 @@ CPU smoke: --device cpu --executor vm --llama-variants llama-tiny --qwen-preset 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -500,7 +501,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="inductor (with mode reduce-overhead); eager/aot_eager check tracing only",
     )
     parser.add_argument("--num-sms", type=int, default=None, help="queues (default: the GPU's SMs; 8 on CPU)")
+    parser.add_argument(
+        "--sm-balanced",
+        choices=["default", "on", "off"],
+        default="default",
+        help="TilingConfig.sm_balanced for the megakernel regions (default: TilingConfig's default)",
+    )
     args = parser.parse_args(argv)
+    if args.sm_balanced != "default":
+        global TILING
+        TILING = dataclasses.replace(TILING, sm_balanced=args.sm_balanced == "on")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but no CUDA GPU is visible")
     # An explicit index: the megakernel binding compares devices, and cuda != cuda:0.

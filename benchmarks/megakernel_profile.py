@@ -67,6 +67,9 @@ def main() -> None:
     parser.add_argument("--min-partition-tokens", type=int, default=64)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument(
+        "--sm-balanced", action="store_true", help="TilingConfig.sm_balanced: one matrix-vector tile per SM and stage"
+    )
+    parser.add_argument(
         "--fingerprint", action="store_true", help="checksum every non-scratch buffer after the launches"
     )
     args = parser.parse_args()
@@ -78,7 +81,10 @@ def main() -> None:
         config = dataclasses.replace(config, tie_word_embeddings=True)
     model = random_llama(config, seed=0, device="cuda", dtype=torch.bfloat16)
     tiling = TilingConfig(
-        matvec_rows=args.matvec_rows, lm_head_rows=args.lm_head_rows, min_partition_tokens=args.min_partition_tokens
+        matvec_rows=args.matvec_rows,
+        lm_head_rows=args.lm_head_rows,
+        min_partition_tokens=args.min_partition_tokens,
+        sm_balanced=args.sm_balanced,
     )
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []

@@ -1,6 +1,6 @@
 """Same-run A/B of megakernel build variants: one kernel library per setting of the build-time switches in
 trt_plugins/csrc/megakernel/ (TILEVOX_MK_POLL, _RELEASE, _INFLIGHT, _ACQUIRE, _ATTN_SPLIT, _EARLY_POLL,
-_OP_NOINLINE), each
+_OP_NOINLINE, _WEIGHT_L1), or `LIB@TILING` for library LIB compiled with another tiling (TILINGS), each
 timed and profiled by `benchmarks.megakernel_profile` in its own process on one GPU, and checked bitwise
 against the default build's outputs (the switches change waits, releases and load depth, never arithmetic;
 TILEVOX_MK_ATTN_SPLIT reorders attention's fp32 sums, so its variants are checked against the VM by the GPU
@@ -41,14 +41,26 @@ VARIANTS: dict[str, dict[str, int]] = {
     "poll": {"TILEVOX_MK_POLL": 1},
     "release": {"TILEVOX_MK_RELEASE": 1},
     "inflight2": {"TILEVOX_MK_INFLIGHT": 2},
+    "noalloc": {"TILEVOX_MK_WEIGHT_L1": 0},
+}
+# Compile-side variants: `LIB@TILING` runs library LIB with benchmarks.megakernel_profile's extra flags
+# TILINGS[TILING] (other tile sizes sum in another fp32 order: checked against the VM by the GPU tests).
+TILINGS: dict[str, list[str]] = {
+    "balanced": ["--sm-balanced"],
 }
 # Variants whose outputs may differ from the default's in fp32 summation order (checked against the VM by
 # the GPU tests instead of bit for bit).
 REORDERED = ("TILEVOX_MK_ATTN_SPLIT",)
 
 
+def _split(variant: str) -> tuple[str, list[str]]:
+    """(library variant, extra profile flags) of a variant name."""
+    lib, _, tiling = variant.partition("@")
+    return lib, TILINGS[tiling] if tiling else []
+
+
 def _lib_name(variant: str) -> str:
-    return f"libtilevox_kernels_{variant.replace('+', '_')}.so"
+    return f"libtilevox_kernels_{_split(variant)[0].replace('+', '_')}.so"
 
 
 def build(out: Path, names: list[str], jobs: int) -> None:
@@ -93,10 +105,10 @@ def run(libs: Path, out: Path, names: list[str], batches: str, commit: str, extr
     results: dict[str, dict] = {}
     for name in names:
         lib = libs / _lib_name(name)
-        prof = out.with_name(f"{out.stem}_{name.replace('+', '_')}.json")
+        prof = out.with_name(f"{out.stem}_{name.replace('+', '_').replace('@', '_at_')}.json")
         env = {**os.environ, "TILEVOX_KERNELS_LIB": str(lib.resolve())}
         cmd = [sys.executable, "-m", "benchmarks.megakernel_profile", "--out", str(prof), "--batches", batches]
-        cmd += ["--commit", commit, "--fingerprint", *extra]
+        cmd += ["--commit", commit, "--fingerprint", *extra, *_split(name)[1]]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         print(f"== {name}: rc {proc.returncode}\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}", flush=True)
         if proc.returncode == 0:
@@ -111,7 +123,8 @@ def run(libs: Path, out: Path, names: list[str], batches: str, commit: str, extr
         same = base is not None and all(
             a["fingerprint"] == b["fingerprint"] for a, b in zip(res["rows"], base["rows"], strict=True)
         )
-        reordered = name.startswith("rev-") or any(k in REORDERED for k in VARIANTS[name])
+        lib = _split(name)[0]
+        reordered = name.startswith("rev-") or "@" in name or any(k in REORDERED for k in VARIANTS.get(lib, {}))
         failures += 0 if same or reordered else 1
         verdict = "= default" if same else ("reordered sums (GPU tests vs the VM)" if reordered else "DIFFER")
         cells = [f"{r['graph_ms_no_prefetch']:.3f}" for r in res["rows"]]
@@ -126,7 +139,10 @@ def run(libs: Path, out: Path, names: list[str], batches: str, commit: str, extr
                 "benchmark": "megakernel build variants, Llama-1B step (benchmarks.megakernel_profile per variant)",
                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "commit": commit,
-                "variants": {n: VARIANTS.get(n, {"source": n[4:]}) for n in names},
+                "variants": {
+                    n: {**VARIANTS.get(_split(n)[0], {"source": _split(n)[0][4:]}), "profile_flags": _split(n)[1]}
+                    for n in names
+                },
                 "results": results,
                 "table": text,
                 "failed": missing,
@@ -135,6 +151,11 @@ def run(libs: Path, out: Path, names: list[str], batches: str, commit: str, extr
         )
     )
     return 1 if failures else 0
+
+
+def _known(variant: str) -> bool:
+    lib, _, tiling = variant.partition("@")
+    return (lib in VARIANTS or lib.startswith("rev-")) and (not tiling or tiling in TILINGS)
 
 
 def main() -> int:
@@ -152,11 +173,11 @@ def main() -> int:
     r.add_argument("--commit", default="unknown")
     args, extra = parser.parse_known_args()
     names = args.variants.split(",")
-    unknown = [n for n in names if n not in VARIANTS and not n.startswith("rev-")]
+    unknown = [n for n in names if not _known(n)]
     if unknown:
-        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}, each optionally @{'/@'.join(TILINGS)}")
     if args.cmd == "build":
-        build(args.out, names, args.jobs)
+        build(args.out, sorted({_split(n)[0] for n in names}), args.jobs)
         return 0
     return run(args.libs, args.out, names, args.batches, args.commit, extra)
 

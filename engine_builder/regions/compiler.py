@@ -74,9 +74,11 @@ def _tiles(total: int, size: int) -> list[tuple[int, int]]:
 
 
 class _Builder:
-    def __init__(self, view: DecoderView, constants: RegionConstants) -> None:
+    def __init__(self, view: DecoderView, constants: RegionConstants, tiling: TilingConfig, num_sms: int) -> None:
         self.view = view
         self.c = constants
+        self.tiling = tiling
+        self.num_sms = num_sms
         self.elt = view.final_norm.element_size()
         self.act_dtype = _DTYPES[view.dtype]
         self.buffers: list[BufferSpec] = []
@@ -110,6 +112,14 @@ class _Builder:
         return self.buffer(name, kind, self.act_dtype, (self.c.batch_size, width))
 
     # stages ----------------------------------------------------------------------------------
+    def rows_per_tile(self, rows: int, tile_rows: int) -> int:
+        """Rows per tile of a matrix-vector stage of `rows` outputs whose fixed tile size is `tile_rows`; with
+        `TilingConfig.sm_balanced`, ceil(rows / num_sms) rounded up to a multiple of matvec_rows instead."""
+        if not self.tiling.sm_balanced:
+            return tile_rows
+        unit = self.tiling.matvec_rows
+        return max(unit, -(-math.ceil(rows / self.num_sms) // unit) * unit)
+
     def stage(self, records: list[dict[str, Any]]) -> Wait:
         """Emit instructions that all signal one new counter; returns the wait for all of them."""
         counter = self.num_counters
@@ -142,7 +152,7 @@ class _Builder:
         `residual` also reads that slice of the residual stream."""
         batch, elt = self.c.batch_size, self.elt
         records = []
-        for start, stop in _tiles(rows, tile_rows):
+        for start, stop in _tiles(rows, self.rows_per_tile(rows, tile_rows)):
             n = stop - start
             records.append(
                 {
@@ -581,7 +591,7 @@ def compile_region(
         partition_tokens=partition_tokens,
         num_partitions=math.ceil(max_context / partition_tokens),
     )
-    b = _Builder(view, constants)
+    b = _Builder(view, constants, tiling, num_sms)
     for name in ("positions", "slots"):
         b.buffer(name, BufferKind.INPUT, DType.INT64, (batch_size,))
     b.weight("inv_freq", view.inv_freq)

@@ -97,6 +97,11 @@ class TilingConfig:
     min_partition_tokens keys, at most max_partitions of them (partition_tokens overrides both);
     batch rows per cross-attention tile (one tile per kv group and row range).
 
+    sm_balanced: every matrix-vector stage (projections, MLP, heads) is cut into tiles of ceil(rows / num_sms)
+    rows rounded up to a multiple of matvec_rows, instead of matvec_rows (lm_head_rows for heads): each SM runs
+    at most one tile of the stage, so its fixed costs per instruction (record, buffer lookups, counter wait,
+    staging and normalising the input rows) are paid once per stage rather than once per 16 rows.
+
     Partitions of at least 64 keys (256 until 2026-12-06): on an H100, Llama-1B step at context 512, 64-key
     partitions took 2.88 / 3.35 / 6.67 ms at batch 1 / 8 / 32 against 2.81 / 3.95 / 8.98 ms with 256
     (same run, benchmarks/results/megakernel_variants_h100_4266d9f_pt{64,256}.json); the benchmarks and the correctness
@@ -110,6 +115,7 @@ class TilingConfig:
     max_partitions: int = 24
     partition_tokens: int | None = None
     cross_attn_rows: int = 4
+    sm_balanced: bool = False
 
     def __post_init__(self) -> None:
         for name in (

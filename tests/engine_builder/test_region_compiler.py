@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -479,3 +480,46 @@ def test_static_race_check_finds_missing_waits(tiny_llama):
     # 4. Queue order against the dependencies.
     with pytest.raises(ProgramError, match="deadlock"):
         check_program(program.with_queues((tuple(reversed(range(len(insts)))),)))
+
+
+def test_sm_balanced_tiling_gives_each_sm_one_tile_per_stage(tiny_llama):
+    """TilingConfig.sm_balanced: every matrix-vector stage is cut into at most num_sms tiles of a multiple of
+    matvec_rows rows that cover its outputs once, and the step still equals the model's decode."""
+    slots, lengths, num_sms = [4, 0, 7], [9, 1, 30], 5
+    tiling = TilingConfig(matvec_rows=16, sm_balanced=True, partition_tokens=7)
+    region = _compile(tiny_llama, RegionSpec.full_step(1), len(slots), tiling=tiling, num_sms=num_sms)
+    plain = _compile(
+        tiny_llama, RegionSpec.full_step(1), len(slots), tiling=dataclasses.replace(tiling, sm_balanced=False)
+    )
+    matvec = {
+        Opcode.OPROJ_RESIDUAL,
+        Opcode.RMSNORM_GATEUP_SWIGLU,
+        Opcode.DOWN_RESIDUAL,
+        Opcode.RMSNORM_LMHEAD,
+    }
+    stages: dict[int, list] = {}
+    for inst in region.program.instructions:
+        if inst.opcode in matvec:
+            stages.setdefault(inst.signal, []).append(inst)
+    rows_of = {
+        Opcode.OPROJ_RESIDUAL: tiny_llama.config.hidden_size,
+        Opcode.DOWN_RESIDUAL: tiny_llama.config.hidden_size,
+        Opcode.RMSNORM_GATEUP_SWIGLU: tiny_llama.config.intermediate_size,
+        Opcode.RMSNORM_LMHEAD: tiny_llama.config.vocab_size,
+    }
+    assert len(stages) == 3 * tiny_llama.config.num_hidden_layers + 1
+    for tiles in stages.values():
+        rows = rows_of[tiles[0].opcode]
+        size = -(-math.ceil(rows / num_sms) // 16) * 16  # ceil(rows / num_sms), rounded up to 16
+        assert len(tiles) <= num_sms
+        assert [(t.tile_start, t.tile_stop) for t in tiles] == [
+            (start, min(start + size, rows)) for start in range(0, rows, size)
+        ]
+    assert len(region.program.instructions) < len(plain.program.instructions)
+    ref_cache = _prefilled_cache(tiny_llama, slots, lengths, seed=5)
+    vm_cache = _clone_cache(tiny_llama, ref_cache)
+    tokens = torch.tensor([3, 1000, 17])
+    out = run_program(region.program, {**llama_decode_inputs(region, vm_cache, slots, tokens), **_greedy(3)})
+    ref_logits = tiny_llama.decode(ref_cache, slots, tokens)
+    torch.testing.assert_close(out["s0.logits"], ref_logits, atol=ATOL, rtol=1e-5)
+    assert torch.equal(out["s0.tokens"], ref_logits.argmax(-1))

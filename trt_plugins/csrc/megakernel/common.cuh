@@ -65,6 +65,14 @@ constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are pr
 #ifndef TILEVOX_MK_OP_NOINLINE
 #define TILEVOX_MK_OP_NOINLINE 1
 #endif
+// TILEVOX_MK_WEIGHT_L1: 1 = the tensor-core path's weight stream is read through L1 like any read-only load
+// (__ldg); 0 = with ld.global.nc.L1::no_allocate, so the stream (read once per launch) does not evict the
+// ~28 KB of L1 left beside the 224 KB of shared memory, where the buffer table, the records' buffers and the
+// norm gains could stay. Written against the buffer lookups (one L2 round trip each) at every instruction's
+// start.
+#ifndef TILEVOX_MK_WEIGHT_L1
+#define TILEVOX_MK_WEIGHT_L1 1
+#endif
 #if TILEVOX_MK_OP_NOINLINE
 #define TILEVOX_MK_OP __device__ __noinline__
 #else
@@ -152,6 +160,19 @@ __device__ __forceinline__ float ld_w(const Buf& b, int64_t i) {
     default:
       return 0.f;
   }
+}
+
+// 16 bytes of a weight stream (see TILEVOX_MK_WEIGHT_L1).
+__device__ __forceinline__ uint4 ld_w16(const uint4* p) {
+#if TILEVOX_MK_WEIGHT_L1
+  return __ldg(p);
+#else
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+#endif
 }
 
 __device__ __forceinline__ int64_t ld_int(const Buf& b, int64_t i) {

@@ -239,11 +239,11 @@ __device__ __forceinline__ void tc_load(uint4 (&wa)[U], uint4 (&wb)[U], uint4 (&
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const bool in = kb + u < kb1;
-    wa[u] = in && va ? __ldg(pa + 4 * (kb + u)) : zero;
-    wb[u] = in && vb ? __ldg(pb + 4 * (kb + u)) : zero;
+    wa[u] = in && va ? ld_w16(pa + 4 * (kb + u)) : zero;
+    wb[u] = in && vb ? ld_w16(pb + 4 * (kb + u)) : zero;
     if (TWO) {
-      wa2[u] = in && va ? __ldg(pa2 + 4 * (kb + u)) : zero;
-      wb2[u] = in && vb ? __ldg(pb2 + 4 * (kb + u)) : zero;
+      wa2[u] = in && va ? ld_w16(pa2 + 4 * (kb + u)) : zero;
+      wb2[u] = in && vb ? ld_w16(pb2 + 4 * (kb + u)) : zero;
     }
   }
 }
