@@ -1,6 +1,6 @@
 """Same-run A/B of megakernel build variants: one kernel library per setting of the build-time switches in
 trt_plugins/csrc/megakernel/ (TILEVOX_MK_POLL, _RELEASE, _INFLIGHT, _ACQUIRE, _ATTN_SPLIT, _EARLY_POLL,
-_OP_NOINLINE, _WEIGHT_L1), or `LIB@TILING` for library LIB compiled with another tiling (TILINGS), each
+_OP_NOINLINE, _WEIGHT_L1, _QKV_INFLIGHT), or `LIB@TILING` for library LIB compiled with another tiling (TILINGS), each
 timed and profiled by `benchmarks.megakernel_profile` in its own process on one GPU, and checked bitwise
 against the default build's outputs (the switches change waits, releases and load depth, never arithmetic;
 TILEVOX_MK_ATTN_SPLIT reorders attention's fp32 sums, so its variants are checked against the VM by the GPU
@@ -42,6 +42,7 @@ VARIANTS: dict[str, dict[str, int]] = {
     "release": {"TILEVOX_MK_RELEASE": 1},
     "inflight2": {"TILEVOX_MK_INFLIGHT": 2},
     "noalloc": {"TILEVOX_MK_WEIGHT_L1": 0},
+    "qkv2": {"TILEVOX_MK_QKV_INFLIGHT": 2},
 }
 # Compile-side variants: `LIB@TILING` runs library LIB with benchmarks.megakernel_profile's extra flags
 # TILINGS[TILING] (other tile sizes sum in another fp32 order: checked against the VM by the GPU tests).

@@ -40,6 +40,13 @@ constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are pr
 #ifndef TILEVOX_MK_INFLIGHT
 #define TILEVOX_MK_INFLIGHT 1
 #endif
+// TILEVOX_MK_QKV_INFLIGHT: the same multiplier for the QKV op alone. Its stages have fewer tiles than SMs
+// (one per head: 48 for Llama-1B, 32 for the Qwen3-TTS predictor), each a whole head's rows (256 KiB), so
+// HBM is not saturated and a deeper stream per SM shortens the stage (written against the 13-14 us QKV
+// tiles on the critical path).
+#ifndef TILEVOX_MK_QKV_INFLIGHT
+#define TILEVOX_MK_QKV_INFLIGHT TILEVOX_MK_INFLIGHT
+#endif
 // TILEVOX_MK_ACQUIRE: 1 = counters are polled with ld.acquire.gpu; 0 = with ld.relaxed.gpu (tried on the
 // guess that an acquire waits behind the weight loads issued before it). Relaxed would be enough here:
 // everything an instruction reads that another SM wrote in this launch is read with ld.cg from L2, which

@@ -345,14 +345,13 @@ __device__ bool tc_rows_nb(const unsigned short* xs, int nc, int K, const unsign
   return true;
 }
 
-template <bool TWO, class Pro, class Epi>
+template <bool TWO, int F, class Pro, class Epi>
 __device__ bool tc_rows(const unsigned short* xs, int nc, int K, const Buf& w, const Buf* w2, int r0, int r1,
                         float* red, Pro& pro, Epi& epi) {
-  // k blocks of weight loads in flight per warp (4-8 KiB at batch <= 16); fewer at larger batch, where
-  // the MMAs take longer and the accumulators need the registers.
+  // k blocks of weight loads in flight per warp (4-8 KiB at batch <= 16, times F); fewer at larger batch,
+  // where the MMAs take longer and the accumulators need the registers.
   const auto* a = reinterpret_cast<const unsigned short*>(w.p);
   const auto* b = w2 ? reinterpret_cast<const unsigned short*>(w2->p) : nullptr;
-  constexpr int F = TILEVOX_MK_INFLIGHT;
   if (nc <= 8) return tc_rows_nb<1, TWO, F * (TWO ? 4 : 8)>(xs, nc, K, a, b, r0, r1, red, pro, epi);
   if (nc <= 16) return tc_rows_nb<2, TWO, F * (TWO ? 4 : 8)>(xs, nc, K, a, b, r0, r1, red, pro, epi);
   if (nc <= 32) return tc_rows_nb<4, TWO, F * (TWO ? 2 : 4)>(xs, nc, K, a, b, r0, r1, red, pro, epi);
@@ -404,10 +403,10 @@ __device__ void stage_into(const Staged& s, const Buf& x, int b0, const Buf* ln,
 }
 
 // rows [r0, r1) of w (w2) against the chunk that pro() waits for and stages; epi(ci, r, v, v2) per
-// output. False when pro fails (the block must stop).
-template <bool TWO, class Pro, class Epi>
+// output. False when pro fails (the block must stop). F: the tensor-core path's in-flight multiplier.
+template <bool TWO, int F = TILEVOX_MK_INFLIGHT, class Pro, class Epi>
 __device__ bool staged_rows(const Staged& s, const Buf& w, const Buf* w2, int r0, int r1, Pro pro, Epi epi) {
-  if (s.tc) return tc_rows<TWO>(s.xb, s.nc, s.K, w, w2, r0, r1, s.red, pro, epi);
+  if (s.tc) return tc_rows<TWO, F>(s.xb, s.nc, s.K, w, w2, r0, r1, s.red, pro, epi);
   if (!pro()) return false;
   rows<TWO>(w.dt, s.xf, s.nc, s.K, w, w2, r0, r1, epi);
   return true;

@@ -37,7 +37,7 @@ TILEVOX_MK_OP bool op_qkv(const Ctx c, const int* inst, float* xs, float* hb) {
       }
       const Buf& w = hs < G ? wq : (hs == G ? wk : wv);
       const int row0 = hs < G ? (group * G + hs) * D : group * D;
-      if (!staged_rows<false>(sx, w, nullptr, row0, row0 + D, pro,
+      if (!staged_rows<false, TILEVOX_MK_QKV_INFLIGHT>(sx, w, nullptr, row0, row0 + D, pro,
                               [&](int ci, int r, float v, float) { hb[ci * D + (r - row0)] = rnd(v, x.dt); }))
         return false;
       __syncthreads();
