@@ -507,10 +507,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="default",
         help="TilingConfig.sm_balanced for the megakernel regions (default: TilingConfig's default)",
     )
+    parser.add_argument(
+        "--attn-rows", type=int, default=None, help="TilingConfig.attn_rows (0: all rows; default: TilingConfig's)"
+    )
     args = parser.parse_args(argv)
+    global TILING
     if args.sm_balanced != "default":
-        global TILING
         TILING = dataclasses.replace(TILING, sm_balanced=args.sm_balanced == "on")
+    if args.attn_rows is not None:
+        TILING = dataclasses.replace(TILING, attn_rows=args.attn_rows or None)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but no CUDA GPU is visible")
     # An explicit index: the megakernel binding compares devices, and cuda != cuda:0.

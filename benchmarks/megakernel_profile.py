@@ -67,7 +67,13 @@ def main() -> None:
     parser.add_argument("--min-partition-tokens", type=int, default=64)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument(
-        "--sm-balanced", action="store_true", help="TilingConfig.sm_balanced: one matrix-vector tile per SM and stage"
+        "--sm-balanced",
+        choices=["on", "off"],
+        default=None,
+        help="TilingConfig.sm_balanced: one matrix-vector tile per SM and stage (default: TilingConfig's)",
+    )
+    parser.add_argument(
+        "--attn-rows", type=int, default=None, help="TilingConfig.attn_rows (0: all rows; default: TilingConfig's)"
     )
     parser.add_argument(
         "--fingerprint", action="store_true", help="checksum every non-scratch buffer after the launches"
@@ -84,8 +90,11 @@ def main() -> None:
         matvec_rows=args.matvec_rows,
         lm_head_rows=args.lm_head_rows,
         min_partition_tokens=args.min_partition_tokens,
-        sm_balanced=args.sm_balanced,
     )
+    if args.sm_balanced is not None:
+        tiling = dataclasses.replace(tiling, sm_balanced=args.sm_balanced == "on")
+    if args.attn_rows is not None:
+        tiling = dataclasses.replace(tiling, attn_rows=args.attn_rows or None)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):

@@ -47,7 +47,10 @@ VARIANTS: dict[str, dict[str, int]] = {
 # Compile-side variants: `LIB@TILING` runs library LIB with benchmarks.megakernel_profile's extra flags
 # TILINGS[TILING] (other tile sizes sum in another fp32 order: checked against the VM by the GPU tests).
 TILINGS: dict[str, list[str]] = {
-    "balanced": ["--sm-balanced"],
+    "plain": ["--sm-balanced", "off", "--attn-rows", "0"],  # the tiling before 2026-12-06 (16-row tiles, all rows)
+    "balanced": ["--sm-balanced", "on", "--attn-rows", "0"],
+    "attn4": ["--attn-rows", "4"],
+    "attn16": ["--attn-rows", "16"],
 }
 # Variants whose outputs may differ from the default's in fp32 summation order (checked against the VM by
 # the GPU tests instead of bit for bit).

@@ -250,27 +250,30 @@ def _layer(
         tag + "part_lse", BufferKind.SCRATCH, DType.FLOAT32, (batch, c.num_kv_heads, c.num_partitions, g_size)
     )
     part_waits = []
+    row_tiles = _tiles(batch, batch if tiling.attn_rows is None else tiling.attn_rows)
     for group in range(c.num_kv_heads):
         records = []
         for partition in range(c.num_partitions):
             first = partition * c.partition_tokens
             keys = max(0, min(first + c.partition_tokens, context_tokens) - first)
-            records.append(
-                {
-                    "opcode": Opcode.ATTN_PARTIAL,
-                    "layer": layer,
-                    "step": step,
-                    "tile_start": partition,
-                    "tile_stop": partition + 1,
-                    "args": (group,),
-                    "inputs": (q_buf, ids["k_cache"], ids["v_cache"], ids["positions"], ids["slots"]),
-                    "outputs": (part_out, part_lse),
-                    "waits": (qkv_waits[group],),
-                    "kv_bytes": 2 * batch * keys * d * elt,
-                    "activation_bytes": batch * g_size * d * elt + batch * g_size * (d + 1) * 4 + 2 * batch * 8,
-                    "flops": 2 * 2 * batch * g_size * keys * d,
-                }
-            )
+            for row0, row1 in row_tiles:
+                rows = row1 - row0
+                records.append(
+                    {
+                        "opcode": Opcode.ATTN_PARTIAL,
+                        "layer": layer,
+                        "step": step,
+                        "tile_start": partition,
+                        "tile_stop": partition + 1,
+                        "args": (group, row0, row1),
+                        "inputs": (q_buf, ids["k_cache"], ids["v_cache"], ids["positions"], ids["slots"]),
+                        "outputs": (part_out, part_lse),
+                        "waits": (qkv_waits[group],),
+                        "kv_bytes": 2 * rows * keys * d * elt,
+                        "activation_bytes": rows * g_size * d * elt + rows * g_size * (d + 1) * 4 + 2 * rows * 8,
+                        "flops": 2 * 2 * rows * g_size * keys * d,
+                    }
+                )
         part_waits.append(b.stage(records))
 
     attn_out = b.act(tag + "attn_out", c.num_heads * d)
@@ -282,12 +285,14 @@ def _layer(
                 "step": step,
                 "tile_start": group,
                 "tile_stop": group + 1,
+                "args": (row0, row1),
                 "inputs": (part_out, part_lse),
                 "outputs": (attn_out,),
                 "waits": (part_waits[group],),
-                "activation_bytes": batch * c.num_partitions * g_size * (d + 1) * 4 + batch * g_size * d * elt,
+                "activation_bytes": (row1 - row0) * (c.num_partitions * g_size * (d + 1) * 4 + g_size * d * elt),
             }
             for group in range(c.num_kv_heads)
+            for row0, row1 in row_tiles
         ]
     )
     wo = b.weight(prefix + "w_o", w.w_o)

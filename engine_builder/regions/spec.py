@@ -102,6 +102,9 @@ class TilingConfig:
     at most one tile of the stage, so its fixed costs per instruction (record, buffer lookups, counter wait,
     staging and normalising the input rows) are paid once per stage rather than once per 16 rows.
 
+    attn_rows: batch rows per attention tile (ATTN_PARTIAL per kv group, partition and row range; ATTN_REDUCE per
+    kv group and row range); None: all rows in one tile, so at large batch a tile streams every row's keys.
+
     Partitions of at least 64 keys (256 until 2026-12-06): on an H100, Llama-1B step at context 512, 64-key
     partitions took 2.88 / 3.35 / 6.67 ms at batch 1 / 8 / 32 against 2.81 / 3.95 / 8.98 ms with 256
     (same run, benchmarks/results/megakernel_variants_h100_4266d9f_pt{64,256}.json); the benchmarks and the correctness
@@ -115,7 +118,8 @@ class TilingConfig:
     max_partitions: int = 24
     partition_tokens: int | None = None
     cross_attn_rows: int = 4
-    sm_balanced: bool = False
+    sm_balanced: bool = True
+    attn_rows: int | None = 8
 
     def __post_init__(self) -> None:
         for name in (
@@ -129,6 +133,8 @@ class TilingConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.attn_rows is not None and self.attn_rows < 1:
+            raise ValueError(f"attn_rows must be >= 1 or None, got {self.attn_rows}")
         if self.partition_tokens is not None and self.partition_tokens < 1:
             raise ValueError(f"partition_tokens must be >= 1, got {self.partition_tokens}")
 

@@ -32,7 +32,9 @@ from tilevox.trt_plugins.megakernel.validate import check_program
 
 ATOL = 2e-5
 MAX_ROWS, MAX_SEQ, MAX_TEXT = 8, 40, 24
-TILING = TilingConfig(matvec_rows=20, lm_head_rows=100, heads_per_qkv_tile=3, partition_tokens=7, cross_attn_rows=2)
+TILING = TilingConfig(
+    matvec_rows=20, lm_head_rows=100, heads_per_qkv_tile=3, partition_tokens=7, cross_attn_rows=2, attn_rows=2
+)
 COMPILER = region_compiler()
 VM = BackendOptions(compiler=COMPILER, executor=Executor.VM)
 # (cache rows, positions already decoded, text lengths): scattered rows, a row at position 0, text lengths

@@ -19,7 +19,7 @@ from tilevox.models.sampling import SamplingParams, filter_top_k_top_p
 from tilevox.trt_plugins.megakernel import SchedulePolicy, run_program, uniform_from_seed
 
 ATOL = 2e-5
-TILING = TilingConfig(matvec_rows=20, lm_head_rows=12, heads_per_qkv_tile=3, partition_tokens=3)
+TILING = TilingConfig(matvec_rows=20, lm_head_rows=12, heads_per_qkv_tile=3, partition_tokens=3, attn_rows=2)
 
 
 def _tiny_talker(*, same_width: bool) -> Talker:

@@ -189,7 +189,9 @@ def test_nh_decoder_step_teacher_forced(dtype):
         for row, prefix in zip(rows, prefixes):
             if prefix.shape[1]:
                 network.step(cache, [row], prefix)
-    tiling = TilingConfig(matvec_rows=24, lm_head_rows=100, heads_per_qkv_tile=2, partition_tokens=7, cross_attn_rows=2)
+    tiling = TilingConfig(
+        matvec_rows=24, lm_head_rows=100, heads_per_qkv_tile=2, partition_tokens=7, cross_attn_rows=2, attn_rows=2
+    )
     backend = MegakernelNhDecoderStep(network, BackendOptions(compiler=region_compiler(tiling)))
     for _ in range(8):
         codes = torch.randint(0, vocab, (3, 1, channels), generator=gen).cuda()
@@ -207,7 +209,9 @@ def test_nh_decoder_step_teacher_forced(dtype):
 BATCHES = (1, 3, 8, 3, 1, 8, 3)
 GRAPHS = BackendOptions(compiler=COMPILER)  # buckets, CUDA graphs, deferred error check
 EAGER = BackendOptions(compiler=COMPILER, sync_check=True)  # buckets, a synchronous check after every eager launch
-NH_TILING = TilingConfig(matvec_rows=24, lm_head_rows=100, heads_per_qkv_tile=2, partition_tokens=7, cross_attn_rows=2)
+NH_TILING = TilingConfig(
+    matvec_rows=24, lm_head_rows=100, heads_per_qkv_tile=2, partition_tokens=7, cross_attn_rows=2, attn_rows=2
+)
 SLEEP_CYCLES = 2_000_000_000  # about one second of torch.cuda._sleep on an H200: far longer than a call
 
 

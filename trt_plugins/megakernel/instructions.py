@@ -39,6 +39,7 @@ __all__ = [
     "Program",
     "RegionConstants",
     "Wait",
+    "row_range",
 ]
 
 # Record capacity. An instruction is INSTRUCTION_WORDS int32 words; unused slots hold NO_ID.
@@ -112,19 +113,23 @@ class Opcode(enum.Enum):
     ATTN_PARTIAL = OpcodeInfo(
         code=4,
         summary=(
-            "for kv group `group`, keys [partition*partition_tokens, +partition_tokens) clipped to each row's "
-            "length positions[b]+step+1: softmax-normalised partial output and its log-sum-exp (-inf if empty)"
+            "for kv group `group` and batch rows [row_start, row_stop), keys [partition*partition_tokens, "
+            "+partition_tokens) clipped to each row's length positions[b]+step+1: softmax-normalised partial "
+            "output and its log-sum-exp (-inf if empty)"
         ),
         tile="kv partitions",
-        args=("group",),
+        args=("group", "row_start", "row_stop"),
         inputs=("q_buf", "k_cache", "v_cache", "positions", "slots"),
         outputs=("part_out", "part_lse"),
     )
     ATTN_REDUCE = OpcodeInfo(
         code=5,
-        summary="attn_out[b, heads of group] = sum_p exp(lse_p - lse) * part_out_p over the group's partitions",
+        summary=(
+            "attn_out[b, heads of group] = sum_p exp(lse_p - lse) * part_out_p over the group's partitions, "
+            "for batch rows b in [row_start, row_stop)"
+        ),
         tile="kv groups",
-        args=(),
+        args=("row_start", "row_stop"),
         inputs=("part_out", "part_lse"),
         outputs=("attn_out",),
     )
@@ -443,6 +448,16 @@ RECORD_FIELDS: tuple[tuple[str, int, int], ...] = (
 )
 INSTRUCTION_WORDS = 48  # 192 bytes; the fields above use 7 + 4 + 10 + 4 + 12 = 37, the rest is reserved
 assert RECORD_FIELDS[-1][1] + RECORD_FIELDS[-1][2] <= INSTRUCTION_WORDS
+
+
+def row_range(args: tuple[int, ...], first: int, batch_size: int) -> tuple[int, int]:
+    """Batch rows [args[first], args[first + 1]) of an instruction whose args carry a row range (attention);
+    NO_ID stands for 0 / batch_size (all rows)."""
+    start = args[first] if len(args) > first and args[first] != NO_ID else 0
+    stop = args[first + 1] if len(args) > first + 1 and args[first + 1] != NO_ID else batch_size
+    if not 0 <= start < stop <= batch_size:
+        raise ValueError(f"row range [{start}, {stop}) outside the batch [0, {batch_size})")
+    return start, stop
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

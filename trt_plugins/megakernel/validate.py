@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tilevox.trt_plugins.megakernel.instructions import NO_ID, Instruction, Opcode, Program
+from tilevox.trt_plugins.megakernel.instructions import NO_ID, Instruction, Opcode, Program, row_range
 
 __all__ = ["ProgramError", "check_program", "footprint"]
 
@@ -54,12 +54,13 @@ def footprint(inst: Instruction, program: Program) -> tuple[list[tuple[int, Box]
         if inst.tile_start <= g_size + 1 < inst.tile_stop:
             writes.append((outs[2], kv_box))
     elif op is Opcode.ATTN_PARTIAL:
-        (group,) = inst.args
+        group = inst.args[0]
+        own = row_range(inst.args, 1, c.batch_size)
         heads = (group * c.group_size, (group + 1) * c.group_size)
-        reads.append((ins[0], (rows, heads)))
+        reads.append((ins[0], (own, heads)))
         past = ((inst.layer, inst.layer + 1), (group, group + 1), (0, inst.step + 1))
         reads += [(ins[1], past), (ins[2], past)]
-        writes += [(outs[0], (rows, (group, group + 1), tile)), (outs[1], (rows, (group, group + 1), tile))]
+        writes += [(outs[0], (own, (group, group + 1), tile)), (outs[1], (own, (group, group + 1), tile))]
     elif op is Opcode.CROSS_ATTN:
         # The cross caches are written before the launch (once per stream): only q and attn_out are tracked.
         (group,) = inst.args
@@ -68,9 +69,10 @@ def footprint(inst: Instruction, program: Program) -> tuple[list[tuple[int, Box]
         reads.append((ins[0], (tile, cols)))
         writes.append((outs[0], (tile, cols)))
     elif op is Opcode.ATTN_REDUCE:
-        reads += [(ins[0], (rows, tile, _ALL)), (ins[1], (rows, tile, _ALL))]
+        own = row_range(inst.args, 0, c.batch_size)
+        reads += [(ins[0], (own, tile, _ALL)), (ins[1], (own, tile, _ALL))]
         width = c.group_size * c.head_dim
-        writes.append((outs[0], (rows, (inst.tile_start * width, inst.tile_stop * width))))
+        writes.append((outs[0], (own, (inst.tile_start * width, inst.tile_stop * width))))
     elif op in (Opcode.OPROJ_RESIDUAL, Opcode.DOWN_RESIDUAL):
         reads += [(ins[0], (rows, _ALL)), (ins[2], (rows, tile))]
         writes.append((outs[0], (rows, tile)))

@@ -23,6 +23,7 @@ from tilevox.trt_plugins.megakernel.instructions import (
     DType,
     Instruction,
     Program,
+    row_range,
 )
 
 __all__ = [
@@ -142,8 +143,9 @@ class _Machine:
     def _attn_partial(self, inst: Instruction) -> None:
         q_buf, k_cache, v_cache, positions, slots = (self.buf(i) for i in inst.inputs)
         part_out, part_lse = (self.buf(i) for i in inst.outputs)
-        (group,) = inst.args
+        group = inst.args[0]
         c = self.c
+        rows = range(*row_range(inst.args, 1, c.batch_size))
         heads = slice(group * c.group_size, (group + 1) * c.group_size)
         lengths = (positions + inst.step + 1).tolist()
         if max(lengths) > min(c.num_partitions * c.partition_tokens, k_cache.shape[3]):
@@ -154,7 +156,8 @@ class _Machine:
         slot_list = slots.tolist()
         for partition in range(inst.tile_start, inst.tile_stop):
             first = partition * c.partition_tokens
-            for row, (length, slot) in enumerate(zip(lengths, slot_list)):
+            for row in rows:
+                length, slot = lengths[row], slot_list[row]
                 last = min(first + c.partition_tokens, length)
                 if last <= first:  # nothing of this row's context falls in the partition
                     part_out[row, group, partition] = 0.0
@@ -203,13 +206,14 @@ class _Machine:
         (attn_out,) = (self.buf(i) for i in inst.outputs)
         c = self.c
         d, g_size = c.head_dim, c.group_size
+        rows = slice(*row_range(inst.args, 0, c.batch_size))
         for group in range(inst.tile_start, inst.tile_stop):
-            lse = part_lse[:, group]  # (B, P, G)
+            lse = part_lse[rows, group]  # (rows, P, G)
             peak = lse.amax(dim=1, keepdim=True)  # partition 0 is never empty, so finite
-            weights = torch.exp(lse - peak)  # (B, P, G); empty partitions weigh 0
-            merged = (weights[..., None] * part_out[:, group]).sum(1) / weights.sum(1)[..., None]  # (B, G, D)
+            weights = torch.exp(lse - peak)  # (rows, P, G); empty partitions weigh 0
+            merged = (weights[..., None] * part_out[rows, group]).sum(1) / weights.sum(1)[..., None]  # (rows, G, D)
             cols = slice(group * g_size * d, (group + 1) * g_size * d)
-            attn_out[:, cols] = merged.reshape(merged.shape[0], g_size * d).to(attn_out.dtype)
+            attn_out[rows, cols] = merged.reshape(merged.shape[0], g_size * d).to(attn_out.dtype)
 
     def _oproj_residual(self, inst: Instruction) -> None:
         attn_out, w_o, x_in = (self.buf(i) for i in inst.inputs)

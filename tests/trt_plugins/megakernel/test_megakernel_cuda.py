@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.requires_megakernel]
 
 MAX_STREAMS = 9
 CACHE_LEN = 72
-TILING = TilingConfig(matvec_rows=24, lm_head_rows=100, heads_per_qkv_tile=2, partition_tokens=7)
+TILING = TilingConfig(matvec_rows=24, lm_head_rows=100, heads_per_qkv_tile=2, partition_tokens=7, attn_rows=3)
 DEVICE = "cuda"
 CASES = [([5], [1]), ([3, 0], [40, 6]), ([8, 1, 4, 0, 6, 2, 7], [1, 2, 7, 8, 15, 29, 50])]
 

@@ -181,10 +181,19 @@ def test_pack_program_round_trip():
     assert packed["counters"].tolist() == [0, 0]
 
 
-@pytest.mark.parametrize("partition_tokens, tile", [(3, 2), (5, 1), (64, 1)])
-def test_split_kv_attention_equals_softmax_attention(partition_tokens, tile):
-    """ATTN_PARTIAL tiles (several partitions per tile) + ATTN_REDUCE == softmax(q K^T * scale) V over
-    each row's own keys [0, position + step], slots out of order, GQA groups of 3."""
+@pytest.mark.parametrize(
+    "partition_tokens, tile, row_tiles",
+    [
+        (3, 2, [(NO_ID, NO_ID)]),
+        (5, 1, [(0, 1), (1, 4)]),
+        (64, 1, [(0, 3), (3, 4)]),
+        (5, 2, [(0, 1), (1, 2), (2, 3), (3, 4)]),
+    ],
+)
+def test_split_kv_attention_equals_softmax_attention(partition_tokens, tile, row_tiles):
+    """ATTN_PARTIAL tiles (several partitions per tile, batch rows in ranges; NO_ID: all rows) + ATTN_REDUCE
+    tiles (per row range) == softmax(q K^T * scale) V over each row's own keys [0, position + step], slots out
+    of order, GQA groups of 3."""
     gen = torch.Generator().manual_seed(partition_tokens)
     batch, heads, kv_heads, d, cache_len, layers = 4, 6, 2, 8, 40, 2
     layer, step = 1, 2
@@ -230,31 +239,35 @@ def test_split_kv_attention_equals_softmax_attention(partition_tokens, tile):
             step=step,
             tile_start=p,
             tile_stop=min(p + tile, num_partitions),
-            args=(g,),
+            args=(g, r0, r1),
             inputs=(0, 1, 2, 3, 4),
             outputs=(5, 6),
             signal=0,
         )
         for g in range(kv_heads)
         for p in range(0, num_partitions, tile)
+        for r0, r1 in row_tiles
     ]
-    insts.append(
+    partials = len(insts)
+    insts += [
         Instruction(
             opcode=Opcode.ATTN_REDUCE,
             layer=layer,
             step=step,
             tile_start=0,
             tile_stop=kv_heads,
+            args=(r0, r1),
             inputs=(5, 6),
             outputs=(7,),
-            waits=(Wait(counter_id=0, target=len(insts)),),
+            waits=(Wait(counter_id=0, target=partials),),
         )
-    )
+        for r0, r1 in row_tiles
+    ]
     program = Program(
         constants=constants,
         buffers=buffers,
         instructions=tuple(insts),
-        queues=((len(insts) - 1,), tuple(range(len(insts) - 1))[::-1]),
+        queues=(tuple(range(partials, len(insts))), tuple(range(partials))[::-1]),
         num_counters=1,
     )
     bound = {

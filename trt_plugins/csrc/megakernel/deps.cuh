@@ -63,3 +63,14 @@ __device__ bool wait_deps(const Ctx& c, const int* inst) {
 __device__ __forceinline__ const int* args_of(const int* inst) { return inst + TILEVOX_MK_FIELD_ARGS; }
 __device__ __forceinline__ const int* ins_of(const int* inst) { return inst + TILEVOX_MK_FIELD_INPUTS; }
 __device__ __forceinline__ const int* outs_of(const int* inst) { return inst + TILEVOX_MK_FIELD_OUTPUTS; }
+
+// Batch rows [r0, r1) named by args[first], args[first + 1] (NO_ID: 0 / B); false (error raised by thread 0)
+// when the range is empty or outside [0, B).
+__device__ __forceinline__ bool row_range(const Ctx& c, const int* inst, int first, int B, int& r0, int& r1) {
+  const int* a = args_of(inst);
+  r0 = a[first] >= 0 ? a[first] : 0;
+  r1 = a[first + 1] >= 0 ? a[first + 1] : B;
+  if (r0 < r1 && r1 <= B) return true;
+  if (threadIdx.x == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, r1, B);
+  return false;
+}

@@ -83,14 +83,16 @@
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_Q_BUF 0
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_K_CACHE 1
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_V_CACHE 2
-/* ATTN_PARTIAL: for kv group `group`, keys [partition*partition_tokens, +partition_tokens) clipped to each row's length positions[b]+step+1: softmax-normalised partial output and its log-sum-exp (-inf if empty)
+/* ATTN_PARTIAL: for kv group `group` and batch rows [row_start, row_stop), keys [partition*partition_tokens, +partition_tokens) clipped to each row's length positions[b]+step+1: softmax-normalised partial output and its log-sum-exp (-inf if empty)
  *   tile: kv partitions
- *   args: [0] group
+ *   args: [0] group, [1] row_start, [2] row_stop
  *   inputs: [0] q_buf, [1] k_cache, [2] v_cache, [3] positions, [4] slots
  *   outputs: [0] part_out, [1] part_lse
  */
 #define TILEVOX_MK_OP_ATTN_PARTIAL 4
 #define TILEVOX_MK_ATTN_PARTIAL_ARG_GROUP 0
+#define TILEVOX_MK_ATTN_PARTIAL_ARG_ROW_START 1
+#define TILEVOX_MK_ATTN_PARTIAL_ARG_ROW_STOP 2
 #define TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF 0
 #define TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE 1
 #define TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE 2
@@ -98,12 +100,15 @@
 #define TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS 4
 #define TILEVOX_MK_ATTN_PARTIAL_OUT_PART_OUT 0
 #define TILEVOX_MK_ATTN_PARTIAL_OUT_PART_LSE 1
-/* ATTN_REDUCE: attn_out[b, heads of group] = sum_p exp(lse_p - lse) * part_out_p over the group's partitions
+/* ATTN_REDUCE: attn_out[b, heads of group] = sum_p exp(lse_p - lse) * part_out_p over the group's partitions, for batch rows b in [row_start, row_stop)
  *   tile: kv groups
+ *   args: [0] row_start, [1] row_stop
  *   inputs: [0] part_out, [1] part_lse
  *   outputs: [0] attn_out
  */
 #define TILEVOX_MK_OP_ATTN_REDUCE 5
+#define TILEVOX_MK_ATTN_REDUCE_ARG_ROW_START 0
+#define TILEVOX_MK_ATTN_REDUCE_ARG_ROW_STOP 1
 #define TILEVOX_MK_ATTN_REDUCE_IN_PART_OUT 0
 #define TILEVOX_MK_ATTN_REDUCE_IN_PART_LSE 1
 #define TILEVOX_MK_ATTN_REDUCE_OUT_ATTN_OUT 0

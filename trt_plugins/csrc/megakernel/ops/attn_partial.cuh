@@ -176,7 +176,8 @@ __device__ __forceinline__ void grouped_rounds(GroupedState<GM>& st, const float
 }
 
 template <int VMAX, int GM>
-__device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, float* q_smem, float* split_smem) {
+__device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, float* q_smem, float* split_smem,
+                                                  int r0, int r1) {
   const int* in = ins_of(inst);
   const Buf qb = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF]), kc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE]), vc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE]), positions = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS]),
             slots = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS]);
@@ -184,20 +185,20 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
   const int group = args_of(inst)[TILEVOX_MK_ATTN_PARTIAL_ARG_GROUP];
   const int layer = inst[TILEVOX_MK_FIELD_LAYER], step = inst[TILEVOX_MK_FIELD_STEP];
   const int D = c.prm.head_dim, KVH = c.prm.num_kv_heads, G = c.prm.num_heads / KVH, H = c.prm.num_heads;
-  const int P = c.prm.num_partitions, PT = c.prm.partition_tokens, B = c.prm.batch_size;
+  const int P = c.prm.num_partitions, PT = c.prm.partition_tokens;
   const int64_t c_slots = kc.dims[1], c_heads = kc.dims[2], c_len = kc.dims[3];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = c.prm.attn_scale;
   const int cpr = D / 8, kk0 = lane / cpr, cc = lane % cpr;
   float* q = q_smem + warp * kGroupedQFloats;  // (G, D)
   const int t_start = inst[TILEVOX_MK_FIELD_TILE_START], t_stop = inst[TILEVOX_MK_FIELD_TILE_STOP];
-  const int items = B * (t_stop - t_start);
+  const int items = (r1 - r0) * (t_stop - t_start);
   const int rounds = (PT + 31) / 32;
   // Split: warps share an item's rounds (block-uniform: items and rounds are the instruction's).
   const bool split = TILEVOX_MK_ATTN_SPLIT && items < kWarps && rounds > 1;
   const int item0 = split ? 0 : warp, item_step = split ? 1 : kWarps;
   for (int item = item0; item < items; item += item_step) {
-    const int b = item / (t_stop - t_start), part = t_start + item % (t_stop - t_start);
+    const int b = r0 + item / (t_stop - t_start), part = t_start + item % (t_stop - t_start);
     const int64_t first = (int64_t)part * PT;
     const int64_t length = ld_int(positions, b) + step + 1;
     const int64_t limit = min((int64_t)P * PT, c_len);
@@ -301,6 +302,8 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
   const int64_t c_slots = kc.dims[1], c_heads = kc.dims[2], c_len = kc.dims[3];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = c.prm.attn_scale;
+  int r0, r1;
+  if (!row_range(c, inst, TILEVOX_MK_ATTN_PARTIAL_ARG_ROW_START, B, r0, r1)) return false;
   float* q = q_smem + warp * TILEVOX_MK_MAX_HEAD_DIM;
   constexpr int kPer = TILEVOX_MK_MAX_HEAD_DIM / 32;
   // bf16 values with D / 8 dividing 32: lane (kk, cc) accumulates 8 dims [8cc, 8cc + 8) over keys
@@ -314,27 +317,27 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
     // shapes do not spill: Llama-1B (D 64, G 4), Qwen3-TTS (D 128, G 2).
     if (D <= 64) {
       if (G <= 2)
-        attn_partial_grouped<8, 2>(c, inst, q_smem, split_smem);
+        attn_partial_grouped<8, 2>(c, inst, q_smem, split_smem, r0, r1);
       else if (G <= 4)
-        attn_partial_grouped<8, 4>(c, inst, q_smem, split_smem);
+        attn_partial_grouped<8, 4>(c, inst, q_smem, split_smem, r0, r1);
       else
-        attn_partial_grouped<8, kMaxGroup>(c, inst, q_smem, split_smem);
+        attn_partial_grouped<8, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1);
     } else if (D <= 128) {
       if (G <= 2)
-        attn_partial_grouped<16, 2>(c, inst, q_smem, split_smem);
+        attn_partial_grouped<16, 2>(c, inst, q_smem, split_smem, r0, r1);
       else if (G <= 4)
-        attn_partial_grouped<16, 4>(c, inst, q_smem, split_smem);
+        attn_partial_grouped<16, 4>(c, inst, q_smem, split_smem, r0, r1);
       else
-        attn_partial_grouped<16, kMaxGroup>(c, inst, q_smem, split_smem);
+        attn_partial_grouped<16, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1);
     } else {
-      attn_partial_grouped<32, kMaxGroup>(c, inst, q_smem, split_smem);
+      attn_partial_grouped<32, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1);
     }
     return true;
   }
   for (int part = inst[TILEVOX_MK_FIELD_TILE_START]; part < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++part) {
     const int64_t first = (int64_t)part * PT;
-    for (int pair = warp; pair < B * G; pair += kWarps) {
-      const int b = pair / G, i = pair % G;
+    for (int pair = warp; pair < (r1 - r0) * G; pair += kWarps) {
+      const int b = r0 + pair / G, i = pair % G;
       const int64_t length = ld_int(positions, b) + step + 1;
       const int64_t limit = min((int64_t)P * PT, c_len);
       const int64_t out_base = ((((int64_t)b * KVH + group) * P + part) * G + i) * D;
