@@ -2,7 +2,8 @@
 %globaltimer stamps, and the launch time with and without the L2 weight prefetch, side by side.
 
 Llama-1B full decode step (random bf16 weights on the GPU; `--vocab 128256 --tied` for Llama-3.2-1B,
-default Llasa-1B's untied 193,800) at the given batches and context. Times: CUDA-graph replays, CUDA
+default Llasa-1B's untied 193,800) at the given batches and context, or (`--model qwen3-tts-0.6b-predictor`) one
+Qwen3-TTS-0.6B frame's code-predictor loop. Times: CUDA-graph replays, CUDA
 events, median of `--iters`. Each row also gives the launch's critical path (`megakernel.profile.critical_path`:
 execution per opcode, hand-offs, idle waits, queue gaps) and, with `--fingerprint`, a checksum of every non-scratch
 buffer after the profiled launches (benchmarks.megakernel_variants compares builds with it).
@@ -18,9 +19,10 @@ import json
 
 import torch
 
+from benchmarks.megakernel_conventional import random_talker
 from benchmarks.timing import capture, median_ms
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
-from tilevox.executor.megakernel_inputs import llama_decode_inputs, sampling_inputs
+from tilevox.executor.megakernel_inputs import code_predictor_inputs, llama_decode_inputs, sampling_inputs
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import random_llama
 from tilevox.models.sampling import SamplingParams
@@ -60,6 +62,13 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--max-context", type=int, default=1024)
+    parser.add_argument(
+        "--model",
+        choices=["llama", "qwen3-tts-0.6b-predictor"],
+        default="llama",
+        help="llama: the Llama-1B full step (--vocab, --tied); qwen3-tts-0.6b-predictor: one frame's code-predictor "
+        "loop (15 heads, CODE_PREDICTOR_LOOP) with random weights",
+    )
     parser.add_argument("--vocab", type=int, default=None)
     parser.add_argument("--tied", action="store_true")
     parser.add_argument("--matvec-rows", type=int, default=16)
@@ -85,7 +94,10 @@ def main() -> None:
         config = config.with_vocab_size(args.vocab)
     if args.tied:
         config = dataclasses.replace(config, tie_word_embeddings=True)
-    model = random_llama(config, seed=0, device="cuda", dtype=torch.bfloat16)
+    if args.model == "llama":
+        model = random_llama(config, seed=0, device="cuda", dtype=torch.bfloat16)
+    else:
+        model = random_talker("qwen3-tts-0.6b", seed=0, device="cuda", dtype=torch.bfloat16)
     tiling = TilingConfig(
         matvec_rows=args.matvec_rows,
         lm_head_rows=args.lm_head_rows,
@@ -98,26 +110,34 @@ def main() -> None:
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        cache = model.new_cache(max_streams=batch, max_seq_len=args.max_context)
-        slots = [cache.allocate() for _ in range(batch)]
-        cache.k.normal_()
-        cache.v.normal_()
-        cache.lengths = [args.context] * batch
-        region = compile_region(
-            model,
-            RegionSpec.full_step(1),
-            batch_size=batch,
-            max_context=args.max_context,
-            num_cache_slots=batch,
-            cache_len=args.max_context,
-            num_sms=num_sms,
-            tiling=tiling,
-        )
-        tokens = torch.randint(0, config.vocab_size, (batch,), device="cuda")
-        bound = {
-            **llama_decode_inputs(region, cache, slots, tokens),
-            **sampling_inputs([SamplingParams.greedy()] * batch, seeds=slots),
-        }
+        if args.model == "llama":
+            cache = model.new_cache(max_streams=batch, max_seq_len=args.max_context)
+            slots = [cache.allocate() for _ in range(batch)]
+            cache.k.normal_()
+            cache.v.normal_()
+            cache.lengths = [args.context] * batch
+            region = compile_region(
+                model,
+                RegionSpec.full_step(1),
+                batch_size=batch,
+                max_context=args.max_context,
+                num_cache_slots=batch,
+                cache_len=args.max_context,
+                num_sms=num_sms,
+                tiling=tiling,
+            )
+            tokens = torch.randint(0, config.vocab_size, (batch,), device="cuda")
+            inputs = llama_decode_inputs(region, cache, slots, tokens)
+        else:
+            predictor = model.code_predictor
+            region = compile_region(
+                predictor, RegionSpec.code_predictor_loop(), batch_size=batch, num_sms=num_sms, tiling=tiling
+            )
+            width = model.config.transformer.hidden_size
+            hidden = torch.randn(batch, width, device="cuda", dtype=torch.bfloat16)
+            cache = predictor.new_cache(batch)
+            inputs = code_predictor_inputs(region, cache, hidden, torch.randn_like(hidden))
+        bound = {**inputs, **sampling_inputs([SamplingParams.greedy()] * batch, seeds=list(range(batch)))}
         bound = {name: t.to("cuda") for name, t in bound.items()}
         program = CudaProgram(region.program)
         profiled = program.bind(bound, profile=True)
@@ -173,7 +193,9 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(
             {
-                "benchmark": "megakernel per-opcode profile, Llama-1B full decode step",
+                "benchmark": "megakernel per-opcode profile, "
+                + ("Llama-1B full decode step" if args.model == "llama" else "Qwen3-TTS-0.6B code-predictor loop"),
+                "model": args.model,
                 "device": torch.cuda.get_device_name(0),
                 "num_sms": num_sms,
                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

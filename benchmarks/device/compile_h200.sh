@@ -25,6 +25,7 @@
 #                          with the default; ARGS go to the runner (--variants, and benchmarks.megakernel_profile's flags)
 #   mkbench NAME ARGS... --  benchmarks/megakernel_h200.py (megakernel vs conventional CUDA graph vs torch.compile per
 #                          model and batch) with ARGS, MKBENCH_TIMEOUT seconds at most (240)
+#   mkprofile NAME ARGS... --  benchmarks/megakernel_profile.py (per-opcode profile and critical path) with ARGS
 #   mkcorrect              the megakernel correctness matrix (benchmarks/megakernel_correctness.py, Llasa-1B shapes)
 #   restore PATH... --     put these paths back to the landed commit first (a helper's unfinished edit in the copied
 #                          working tree stays out of the run)
@@ -115,6 +116,11 @@ while [ $# -gt 0 ]; do
       timeout "${MKBENCH_TIMEOUT:-240}" python3 -m benchmarks.megakernel_h200 --commit "${TILEVOX_COMMIT:-unknown}" \
         --out "$OUT/$name.json" "${extra[@]}" > "$OUT/$name.log" 2>&1
       echo "mkbench $name rc $?"; grep -v "^ \|^V1\|^I1\|^W1" "$OUT/$name.log" | tail -24 ;;
+    mkprofile)  # mkprofile NAME ARGS... -- : benchmarks.megakernel_profile with ARGS (e.g. --model qwen3-tts-0.6b-predictor)
+      name=$1; shift; extra=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift || true
+      timeout 240 python3 -m benchmarks.megakernel_profile --commit "${TILEVOX_COMMIT:-unknown}" --out "$OUT/$name.json" \
+        "${extra[@]}" > "$OUT/$name.log" 2>&1
+      echo "mkprofile $name rc $?"; grep -v "^ \{4\}" "$OUT/$name.log" | tail -30 ;;
     mkcorrect)
       timeout 150 python3 -m benchmarks.megakernel_correctness --commit "${TILEVOX_COMMIT:-unknown}" \
         --out "$OUT/megakernel_correctness.json" > "$OUT/correctness.log" 2>&1
