@@ -100,10 +100,14 @@ class TilingConfig:
     sm_balanced: every matrix-vector stage (projections, MLP, heads) is cut into tiles of ceil(rows / num_sms)
     rows rounded up to a multiple of matvec_rows, instead of matvec_rows (lm_head_rows for heads): each SM runs
     at most one tile of the stage, so its fixed costs per instruction (record, buffer lookups, counter wait,
-    staging and normalising the input rows) are paid once per stage rather than once per 16 rows.
+    staging and normalising the input rows) are paid once per stage rather than once per 16 rows. Measured on an
+    H100 (2026-12-06, benchmarks/results/megakernel_variants_h100_e666ade.json, Llasa-1B step): 2.77 -> 2.32 ms
+    at batch 1 and 6.57 -> 5.25 ms at batch 32. Off by default until the GPU tests and the correctness matrix
+    have run with it (no GPU could be started for them that day).
 
     attn_rows: batch rows per attention tile (ATTN_PARTIAL per kv group, partition and row range; ATTN_REDUCE per
     kv group and row range); None: all rows in one tile, so at large batch a tile streams every row's keys.
+    Not yet measured on a GPU; None by default.
 
     Partitions of at least 64 keys (256 until 2026-12-06): on an H100, Llama-1B step at context 512, 64-key
     partitions took 2.88 / 3.35 / 6.67 ms at batch 1 / 8 / 32 against 2.81 / 3.95 / 8.98 ms with 256
@@ -118,8 +122,8 @@ class TilingConfig:
     max_partitions: int = 24
     partition_tokens: int | None = None
     cross_attn_rows: int = 4
-    sm_balanced: bool = True
-    attn_rows: int | None = 8
+    sm_balanced: bool = False
+    attn_rows: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
