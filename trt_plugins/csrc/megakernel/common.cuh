@@ -42,8 +42,9 @@ constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are pr
 #endif
 // TILEVOX_MK_QKV_INFLIGHT: the same multiplier for the QKV op alone. Its stages have fewer tiles than SMs
 // (one per head: 48 for Llama-1B, 32 for the Qwen3-TTS predictor), each a whole head's rows (256 KiB), so
-// HBM is not saturated and a deeper stream per SM shortens the stage (written against the 13-14 us QKV
-// tiles on the critical path).
+// HBM is not saturated and a deeper stream per SM could shorten the stage (written against the 13-14 us QKV
+// tiles on the critical path). Measured (H100, megakernel_variants_h100_e666ade.json): 2 gives 2.76 / 6.63 ms
+// against 2.77 / 6.57 at batch 1 / 32, no gain (ptxas: the QKV body then spills), so it follows INFLIGHT.
 #ifndef TILEVOX_MK_QKV_INFLIGHT
 #define TILEVOX_MK_QKV_INFLIGHT TILEVOX_MK_INFLIGHT
 #endif
@@ -76,7 +77,8 @@ constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are pr
 // (__ldg); 0 = with ld.global.nc.L1::no_allocate, so the stream (read once per launch) does not evict the
 // ~28 KB of L1 left beside the 224 KB of shared memory, where the buffer table, the records' buffers and the
 // norm gains could stay. Written against the buffer lookups (one L2 round trip each) at every instruction's
-// start.
+// start. Measured (H100, megakernel_variants_h100_e666ade.json, 16-row tiles): 0 gives 2.54 against 2.77 ms at
+// batch 1 (attention on the critical path shrank) but 6.77 against 6.57 at batch 32, so 1 stays for now.
 #ifndef TILEVOX_MK_WEIGHT_L1
 #define TILEVOX_MK_WEIGHT_L1 1
 #endif
@@ -176,8 +178,8 @@ __device__ __forceinline__ uint4 ld_w16(const uint4* p) {
 #else
   uint4 v;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
   return v;
 #endif
 }
