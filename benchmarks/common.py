@@ -59,3 +59,27 @@ def device_name(device: str) -> str:
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def add_tiling_args(parser) -> None:
+    """--sm-balanced / --attn-rows: TilingConfig overrides for the megakernel benchmarks (see apply_tiling_args)."""
+    parser.add_argument(
+        "--sm-balanced",
+        choices=["on", "off"],
+        default=None,
+        help="TilingConfig.sm_balanced: one matrix-vector tile per SM and stage (default: TilingConfig's)",
+    )
+    parser.add_argument(
+        "--attn-rows", type=int, default=None, help="TilingConfig.attn_rows (0: all rows; default: TilingConfig's)"
+    )
+
+
+def apply_tiling_args(tiling, args):
+    """`tiling` with the add_tiling_args overrides that were given."""
+    import dataclasses
+
+    if args.sm_balanced is not None:
+        tiling = dataclasses.replace(tiling, sm_balanced=args.sm_balanced == "on")
+    if args.attn_rows is not None:
+        tiling = dataclasses.replace(tiling, attn_rows=args.attn_rows or None)
+    return tiling

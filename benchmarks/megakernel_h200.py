@@ -11,7 +11,6 @@ CPU smoke: --device cpu --executor vm --llama-variants llama-tiny --qwen-preset 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import logging
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import add_tiling_args, apply_tiling_args
 from benchmarks.megakernel_conventional import (
     LLAMA_VARIANTS,
     ConventionalLlamaStep,
@@ -501,21 +501,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="inductor (with mode reduce-overhead); eager/aot_eager check tracing only",
     )
     parser.add_argument("--num-sms", type=int, default=None, help="queues (default: the GPU's SMs; 8 on CPU)")
-    parser.add_argument(
-        "--sm-balanced",
-        choices=["default", "on", "off"],
-        default="default",
-        help="TilingConfig.sm_balanced for the megakernel regions (default: TilingConfig's default)",
-    )
-    parser.add_argument(
-        "--attn-rows", type=int, default=None, help="TilingConfig.attn_rows (0: all rows; default: TilingConfig's)"
-    )
+    add_tiling_args(parser)
     args = parser.parse_args(argv)
     global TILING
-    if args.sm_balanced != "default":
-        TILING = dataclasses.replace(TILING, sm_balanced=args.sm_balanced == "on")
-    if args.attn_rows is not None:
-        TILING = dataclasses.replace(TILING, attn_rows=args.attn_rows or None)
+    TILING = apply_tiling_args(TILING, args)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but no CUDA GPU is visible")
     # An explicit index: the megakernel binding compares devices, and cuda != cuda:0.

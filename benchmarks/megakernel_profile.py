@@ -19,6 +19,7 @@ import json
 
 import torch
 
+from benchmarks.common import add_tiling_args, apply_tiling_args
 from benchmarks.megakernel_conventional import random_talker
 from benchmarks.timing import capture, median_ms
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
@@ -75,15 +76,7 @@ def main() -> None:
     parser.add_argument("--lm-head-rows", type=int, default=64)
     parser.add_argument("--min-partition-tokens", type=int, default=64)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument(
-        "--sm-balanced",
-        choices=["on", "off"],
-        default=None,
-        help="TilingConfig.sm_balanced: one matrix-vector tile per SM and stage (default: TilingConfig's)",
-    )
-    parser.add_argument(
-        "--attn-rows", type=int, default=None, help="TilingConfig.attn_rows (0: all rows; default: TilingConfig's)"
-    )
+    add_tiling_args(parser)
     parser.add_argument(
         "--fingerprint", action="store_true", help="checksum every non-scratch buffer after the launches"
     )
@@ -98,15 +91,14 @@ def main() -> None:
         model = random_llama(config, seed=0, device="cuda", dtype=torch.bfloat16)
     else:
         model = random_talker("qwen3-tts-0.6b", seed=0, device="cuda", dtype=torch.bfloat16)
-    tiling = TilingConfig(
-        matvec_rows=args.matvec_rows,
-        lm_head_rows=args.lm_head_rows,
-        min_partition_tokens=args.min_partition_tokens,
+    tiling = apply_tiling_args(
+        TilingConfig(
+            matvec_rows=args.matvec_rows,
+            lm_head_rows=args.lm_head_rows,
+            min_partition_tokens=args.min_partition_tokens,
+        ),
+        args,
     )
-    if args.sm_balanced is not None:
-        tiling = dataclasses.replace(tiling, sm_balanced=args.sm_balanced == "on")
-    if args.attn_rows is not None:
-        tiling = dataclasses.replace(tiling, attn_rows=args.attn_rows or None)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):

@@ -453,8 +453,8 @@ assert RECORD_FIELDS[-1][1] + RECORD_FIELDS[-1][2] <= INSTRUCTION_WORDS
 def row_range(args: tuple[int, ...], first: int, batch_size: int) -> tuple[int, int]:
     """Batch rows [args[first], args[first + 1]) of an instruction whose args carry a row range (attention);
     NO_ID stands for 0 / batch_size (all rows)."""
-    start = args[first] if len(args) > first and args[first] != NO_ID else 0
-    stop = args[first + 1] if len(args) > first + 1 and args[first + 1] != NO_ID else batch_size
+    start = 0 if args[first] == NO_ID else args[first]
+    stop = batch_size if args[first + 1] == NO_ID else args[first + 1]
     if not 0 <= start < stop <= batch_size:
         raise ValueError(f"row range [{start}, {stop}) outside the batch [0, {batch_size})")
     return start, stop
