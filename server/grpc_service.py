@@ -12,7 +12,7 @@ top_k, top_p and instructions. With an API key, Synthesize and SynthesizeOnline 
 rates only, and Riva's own client sends no metadata on it). A stream the server cut at its drain
 deadline ends with ABORTED, never OK. `x-request-id` metadata names the request in the logs; on
 RESOURCE_EXHAUSTED the trailing metadata carries `retry-after-ms` and `x-tilevox-ticket`, which a retry
-sends back as metadata to keep its place in line.
+sends back as metadata to keep its place in line; a retry on the same channel keeps it without the ticket.
 """
 
 from __future__ import annotations
@@ -212,7 +212,9 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
         try:
             self._check_auth(context)
             synth_request, encoder = self._parse(request)
-            handle = self.state.scheduler.submit(synth_request, ticket=self._metadata(context).get("x-tilevox-ticket"))
+            handle = self.state.scheduler.submit(
+                synth_request, ticket=self._metadata(context).get("x-tilevox-ticket"), client=context.peer()
+            )
         except Exception as exc:  # noqa: BLE001 - mapped to a status; unmapped re-raise
             await self._abort(context, exc, request_id)
         try:
@@ -247,7 +249,7 @@ class RivaSynthesisService(riva_tts_pb2_grpc.RivaSpeechSynthesisServicer):
             try:
                 synth_request, encoder = self._parse(request)
                 handle = self.state.scheduler.submit(
-                    synth_request, ticket=self._metadata(context).get("x-tilevox-ticket")
+                    synth_request, ticket=self._metadata(context).get("x-tilevox-ticket"), client=context.peer()
                 )
             except Exception as exc:  # noqa: BLE001
                 await self._abort(context, exc, request_id)

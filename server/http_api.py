@@ -11,7 +11,8 @@ body is aborted (the connection closes without the chunked terminator, so client
 body). `"stream": false` returns the whole file at once with a Content-Length and exact WAV/FLAC headers.
 A client's `x-request-id` is used when it is 1-128 characters of [A-Za-z0-9._:-], else a fresh id.
 A 429 carries `retry-after` (and `retry-after-ms`) and, usually, `x-tilevox-ticket`: sent back on the retry, it keeps the
-client's place in line (server/scheduler.py, fair admission).
+client's place in line (server/scheduler.py, fair admission); a retry on the same kept-alive connection keeps it
+without the header.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ def _log_mapped(mapped: MappedError, exc: BaseException, request_id: str, event:
         log_event(
             log, event, level=logging.WARNING, request_id=request_id, status=mapped.http_status, error=mapped.message
         )
+
+
+def _connection(request: Request) -> str | None:
+    """The connection a request came on (peer address and port): a retry on it keeps the place its last
+    refusal was given, for clients that honour Retry-After but do not echo x-tilevox-ticket."""
+    return f"http {request.client.host}:{request.client.port}" if request.client else None
 
 
 def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
@@ -148,7 +155,9 @@ def build_http_app(state: ServerState) -> FastAPI:
             encoder = StreamEncoder(
                 params.response_format, in_rate_hz=state.model.sample_rate_hz, out_rate_hz=params.sample_rate_hz
             )
-            handle = state.scheduler.submit(params.request, ticket=request.headers.get("x-tilevox-ticket"))
+            handle = state.scheduler.submit(
+                params.request, ticket=request.headers.get("x-tilevox-ticket"), client=_connection(request)
+            )
         except Exception as exc:  # noqa: BLE001 - every failure becomes a 4xx/5xx JSON body naming the request id
             return _rejected(exc, request_id)
         log_event(

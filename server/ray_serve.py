@@ -296,7 +296,9 @@ class RemoteScheduler:
     def __init__(self, replicas) -> None:
         self._stream = replicas.options(stream=True, method_name="stream")
 
-    def submit(self, request: SynthesisRequest, *, ticket: str | None = None) -> RemoteStream:
+    def submit(
+        self, request: SynthesisRequest, *, ticket: str | None = None, client: str | None = None
+    ) -> RemoteStream:
         return RemoteStream(self._stream.remote(request, _REQUEST_ID.get()), request)
 
     num_active = 0  # the ingress runs no streams itself
@@ -337,6 +339,9 @@ class _ForwardedContext:
 
     def set_trailing_metadata(self, metadata) -> None:
         self.trailing = tuple(metadata)
+
+    def peer(self) -> None:
+        return None  # the ingress's connection, not the client's: no connection-kept place in line
 
     async def abort(self, code: grpc.StatusCode, details: str = ""):
         raise _Aborted(code, details)

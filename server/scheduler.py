@@ -10,8 +10,10 @@ Fair admission: the waiting requests form one FIFO across all surfaces. A refusa
 ticket (valid for `TICKET_TTL_S` after its Retry-After; the newest `MAX_TICKETS` are kept); a client that
 comes back with it is queued even when the queue is full (up to another `max_active + max_queued`
 waiting), in the order of its first attempt, so clients that wait as told are served before later
-arrivals and are not beaten by clients that retry at once. Tickets never hold places: a ticket nobody
-redeems costs nothing. Each stream's chunks reach the asyncio loop through
+arrivals and are not beaten by clients that retry at once. A client that does not echo the ticket but
+retries on the same connection (front ends pass it as `client`; stock clients such as OpenAI's SDK honour
+`retry-after-ms` over a kept-alive connection but do not know `x-tilevox-ticket`) keeps its place the same
+way. Tickets never hold places: a ticket nobody redeems costs nothing. Each stream's chunks reach the asyncio loop through
 `loop.call_soon_threadsafe`, so front ends simply iterate a `StreamHandle`.
 """
 
@@ -306,6 +308,8 @@ class Scheduler:
         self._tickets: collections.OrderedDict[str, tuple[float, float]] = (
             collections.OrderedDict()
         )  # -> (first attempt, expires)
+        # connection -> the ticket its last refusal handed out (a retry on it without the ticket redeems it)
+        self._client_tickets: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._accepting = True
         self._stop = False
         self.worker_error: BaseException | None = None  # set if the worker loop itself died
@@ -326,9 +330,13 @@ class Scheduler:
         with self._lock:
             return len(self._pending)
 
-    def submit(self, request: SynthesisRequest, *, ticket: str | None = None) -> StreamHandle:
+    def submit(
+        self, request: SynthesisRequest, *, ticket: str | None = None, client: str | None = None
+    ) -> StreamHandle:
         """Validate and enqueue; raises RequestError (bad request), OverloadedError or ShuttingDownError.
-        `ticket`: what an earlier OverloadedError handed out (unknown or expired tickets are ignored)."""
+        `ticket`: what an earlier OverloadedError handed out (unknown or expired tickets are ignored).
+        `client`: the connection the request came on (e.g. "http 127.0.0.1:53122"); without `ticket`, the
+        ticket of that connection's last refusal is used."""
         self.model.validate(request)
         loop = asyncio.get_running_loop()
         with self._lock:
@@ -339,6 +347,9 @@ class Scheduler:
             now = time.monotonic()
             while self._tickets and (len(self._tickets) > MAX_TICKETS or next(iter(self._tickets.values()))[1] < now):
                 self._tickets.popitem(last=False)  # tickets expire in the order they were handed out
+            if client is not None:
+                remembered = self._client_tickets.pop(client, None)
+                ticket = ticket or remembered
             redeemed = self._tickets.pop(ticket, None) if ticket else None
             if redeemed is not None and redeemed[1] < now:
                 redeemed = None  # expired: a newcomer again
@@ -351,6 +362,10 @@ class Scheduler:
                 retry_after_s = self._expected_wait_s()
                 new_ticket = secrets.token_urlsafe(12)  # a returning client keeps its first attempt's place
                 self._tickets[new_ticket] = (redeemed[0] if redeemed else now, now + retry_after_s + TICKET_TTL_S)
+                if client is not None:
+                    self._client_tickets[client] = new_ticket
+                    while len(self._client_tickets) > MAX_TICKETS:
+                        self._client_tickets.popitem(last=False)
                 raise OverloadedError(
                     f"server busy: {self.max_active} streams running and {self.max_queued} queued; "
                     f"retry in {retry_after_s:.1f} s",

@@ -245,6 +245,42 @@ def test_a_ticket_keeps_its_first_attempts_place_in_line():
     asyncio.run(main())
 
 
+def test_a_retry_on_the_same_connection_keeps_its_place_without_the_ticket():
+    """A client that does not echo the ticket but retries on the connection it was refused on (`client`) is
+    queued at its first attempt's place, ahead of a later refused arrival; another connection is still refused."""
+    import asyncio
+
+    from tests.server.fake_model import FakeSpeechModel
+    from tilevox.server.scheduler import OverloadedError, Scheduler
+
+    async def main():
+        scheduler = Scheduler(FakeSpeechModel(step_delay_s=0.05), max_active=1, max_queued=1)
+        scheduler.start()
+        try:
+            running = scheduler.submit(SynthesisRequest(text="a" * 40))
+            while scheduler.num_active == 0:  # the worker admits it
+                await asyncio.sleep(0.002)
+            queued = scheduler.submit(SynthesisRequest(text="b"))
+            with pytest.raises(OverloadedError):
+                scheduler.submit(SynthesisRequest(text="c"), client="http 10.0.0.1:4000")
+            with pytest.raises(OverloadedError) as later:  # refused after c, with a ticket it will echo
+                scheduler.submit(SynthesisRequest(text="d"), client="http 10.0.0.2:4000")
+            with pytest.raises(OverloadedError):  # a third connection never refused before: still full
+                scheduler.submit(SynthesisRequest(text="e"), client="http 10.0.0.3:4000")
+            late = scheduler.submit(SynthesisRequest(text="d"), ticket=later.value.ticket)
+            back = scheduler.submit(SynthesisRequest(text="c"), client="http 10.0.0.1:4000")
+            assert back.holds_ticket and late.holds_ticket and scheduler.num_queued == 3
+            assert back.queue_order < late.queue_order  # c was refused first: it runs before d
+            with pytest.raises(OverloadedError):  # the remembered ticket was used once
+                scheduler.submit(SynthesisRequest(text="c"), client="http 10.0.0.1:4000")
+            for handle in (running, queued, back, late):
+                await handle.collect()
+        finally:
+            scheduler.shutdown()
+
+    asyncio.run(main())
+
+
 def test_a_finished_stream_frees_its_place_before_its_client_is_told():
     """A closed loop of N clients on N places and no queue never sees a spurious 429 (issue 19 item 8)."""
     import asyncio
