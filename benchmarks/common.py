@@ -72,6 +72,12 @@ def add_tiling_args(parser) -> None:
     parser.add_argument(
         "--attn-rows", type=int, default=None, help="TilingConfig.attn_rows (0: all rows; default: TilingConfig's)"
     )
+    parser.add_argument(
+        "--reduce-single-partition",
+        choices=["on", "off"],
+        default=None,
+        help="TilingConfig.reduce_single_partition: an ATTN_REDUCE stage even for one partition (default: off)",
+    )
 
 
 def apply_tiling_args(tiling, args):
@@ -82,4 +88,6 @@ def apply_tiling_args(tiling, args):
         tiling = dataclasses.replace(tiling, sm_balanced=args.sm_balanced == "on")
     if args.attn_rows is not None:
         tiling = dataclasses.replace(tiling, attn_rows=args.attn_rows or None)
+    if args.reduce_single_partition is not None:
+        tiling = dataclasses.replace(tiling, reduce_single_partition=args.reduce_single_partition == "on")
     return tiling

@@ -243,13 +243,21 @@ def _layer(
     if not full:
         return NO_ID, None, tuple(qkv_waits)
 
-    part_out = b.buffer(
-        tag + "part_out", BufferKind.SCRATCH, DType.FLOAT32, (batch, c.num_kv_heads, c.num_partitions, g_size, d)
-    )
+    # One partition (a region whose max context fits one, e.g. the Qwen3-TTS code predictor's 17 positions):
+    # ATTN_PARTIAL's normalised output is the attention output, so it writes attn_out, whose (rows, heads x
+    # head_dim) layout equals part_out's (rows, kv groups, 1, group size, head_dim), in its dtype, and no
+    # ATTN_REDUCE stage follows (one dependent stage fewer per layer; the reduce would multiply by exp(0) / 1).
+    single = c.num_partitions == 1 and not tiling.reduce_single_partition
+    if single:
+        part_out = attn_out = b.act(tag + "attn_out", c.num_heads * d)
+    else:
+        part_out = b.buffer(
+            tag + "part_out", BufferKind.SCRATCH, DType.FLOAT32, (batch, c.num_kv_heads, c.num_partitions, g_size, d)
+        )
     part_lse = b.buffer(
         tag + "part_lse", BufferKind.SCRATCH, DType.FLOAT32, (batch, c.num_kv_heads, c.num_partitions, g_size)
     )
-    part_waits = []
+    part_waits, part_records = [], []
     row_tiles = _tiles(batch, batch if tiling.attn_rows is None else tiling.attn_rows)
     for group in range(c.num_kv_heads):
         records = []
@@ -270,31 +278,38 @@ def _layer(
                         "outputs": (part_out, part_lse),
                         "waits": (qkv_waits[group],),
                         "kv_bytes": 2 * rows * keys * d * elt,
-                        "activation_bytes": rows * g_size * d * elt + rows * g_size * (d + 1) * 4 + 2 * rows * 8,
+                        "activation_bytes": rows * g_size * d * elt
+                        + rows * g_size * ((d * elt) if single else (d + 1) * 4)
+                        + 2 * rows * 8,
                         "flops": 2 * 2 * rows * g_size * keys * d,
                     }
                 )
-        part_waits.append(b.stage(records))
-
-    attn_out = b.act(tag + "attn_out", c.num_heads * d)
-    reduce_wait = b.stage(
-        [
-            {
-                "opcode": Opcode.ATTN_REDUCE,
-                "layer": layer,
-                "step": step,
-                "tile_start": group,
-                "tile_stop": group + 1,
-                "args": (row0, row1),
-                "inputs": (part_out, part_lse),
-                "outputs": (attn_out,),
-                "waits": (part_waits[group],),
-                "activation_bytes": (row1 - row0) * (c.num_partitions * g_size * (d + 1) * 4 + g_size * d * elt),
-            }
-            for group in range(c.num_kv_heads)
-            for row0, row1 in row_tiles
-        ]
-    )
+        if single:
+            part_records += records
+        else:
+            part_waits.append(b.stage(records))
+    if single:
+        attn_wait = b.stage(part_records)
+    else:
+        attn_out = b.act(tag + "attn_out", c.num_heads * d)
+        attn_wait = b.stage(
+            [
+                {
+                    "opcode": Opcode.ATTN_REDUCE,
+                    "layer": layer,
+                    "step": step,
+                    "tile_start": group,
+                    "tile_stop": group + 1,
+                    "args": (row0, row1),
+                    "inputs": (part_out, part_lse),
+                    "outputs": (attn_out,),
+                    "waits": (part_waits[group],),
+                    "activation_bytes": (row1 - row0) * (c.num_partitions * g_size * (d + 1) * 4 + g_size * d * elt),
+                }
+                for group in range(c.num_kv_heads)
+                for row0, row1 in row_tiles
+            ]
+        )
     wo = b.weight(prefix + "w_o", w.w_o)
     x_mid = b.act(tag + "x_mid", hidden)
     hd = c.num_heads * d
@@ -307,7 +322,7 @@ def _layer(
         in_width=hd,
         inputs=(attn_out, wo, x_in),
         outputs=(x_mid,),
-        waits=(reduce_wait,),
+        waits=(attn_wait,),
         residual=True,
     )
     if w.cross is not None:

@@ -109,6 +109,9 @@ class TilingConfig:
     kv group and row range); None: all rows in one tile, so at large batch a tile streams every row's keys.
     Not yet measured on a GPU; None by default.
 
+    reduce_single_partition: keep the ATTN_REDUCE stage when one partition covers the region's context (the
+    layout before 2026-12-06, for same-run comparisons); by default ATTN_PARTIAL then writes attn_out itself.
+
     Partitions of at least 64 keys (256 until 2026-12-06): on an H100, Llama-1B step at context 512, 64-key
     partitions took 2.88 / 3.35 / 6.67 ms at batch 1 / 8 / 32 against 2.81 / 3.95 / 8.98 ms with 256
     (same run, benchmarks/results/megakernel_variants_h100_4266d9f_pt{64,256}.json); the benchmarks and the correctness
@@ -124,6 +127,7 @@ class TilingConfig:
     cross_attn_rows: int = 4
     sm_balanced: bool = False
     attn_rows: int | None = None
+    reduce_single_partition: bool = False
 
     def __post_init__(self) -> None:
         for name in (

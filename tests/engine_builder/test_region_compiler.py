@@ -524,3 +524,39 @@ def test_sm_balanced_tiling_gives_each_sm_one_tile_per_stage(tiny_llama):
     ref_logits = tiny_llama.decode(ref_cache, slots, tokens)
     torch.testing.assert_close(out["s0.logits"], ref_logits, atol=ATOL, rtol=1e-5)
     assert torch.equal(out["s0.tokens"], ref_logits.argmax(-1))
+
+
+def test_one_partition_writes_attn_out_without_a_reduce_stage(tiny_llama):
+    """When one partition covers the region's context, ATTN_PARTIAL writes attn_out itself (no ATTN_REDUCE
+    stage: one dependent stage fewer per layer), and the step equals both the decode and, bit for bit, the
+    program that keeps the reduce (TilingConfig.reduce_single_partition)."""
+    slots, lengths = [4, 0, 7], [9, 1, 30]
+    tiling = dataclasses.replace(TILING, partition_tokens=CACHE_LEN)
+    region = _compile(tiny_llama, RegionSpec.full_step(2), len(slots), tiling=tiling)
+    kept = _compile(
+        tiny_llama,
+        RegionSpec.full_step(2),
+        len(slots),
+        tiling=dataclasses.replace(tiling, reduce_single_partition=True),
+    )
+    assert region.program.constants.num_partitions == 1
+    ops = [inst.opcode for inst in region.program.instructions]
+    assert Opcode.ATTN_REDUCE not in ops and Opcode.ATTN_REDUCE in [i.opcode for i in kept.program.instructions]
+    steps, layers, kv_heads = 2, tiny_llama.config.num_hidden_layers, tiny_llama.config.num_key_value_heads
+    # per layer and step: one stage of partials instead of one per kv group plus the reduce stage
+    assert region.program.num_counters == kept.program.num_counters - steps * layers * kv_heads
+    for inst in region.program.instructions:
+        if inst.opcode is Opcode.ATTN_PARTIAL:
+            assert region.program.buffers[inst.outputs[0]].name.endswith("attn_out")
+    outs = []
+    for program_region in (region, kept):
+        ref_cache = _prefilled_cache(tiny_llama, slots, lengths, seed=11)
+        vm_cache = _clone_cache(tiny_llama, ref_cache)
+        tokens = torch.tensor([3, 1000, 17])
+        inputs = {**llama_decode_inputs(program_region, vm_cache, slots, tokens), **_greedy(3)}
+        outs.append(run_program(program_region.program, inputs))
+    ref_cache = _prefilled_cache(tiny_llama, slots, lengths, seed=11)
+    ref_logits = tiny_llama.decode(ref_cache, slots, torch.tensor([3, 1000, 17]))
+    torch.testing.assert_close(outs[0]["s0.logits"], ref_logits, atol=ATOL, rtol=1e-5)
+    for name in ("s0.logits", "s1.logits", "s0.tokens", "s1.tokens"):
+        assert torch.equal(outs[0][name], outs[1][name]), name

@@ -115,7 +115,8 @@ class Opcode(enum.Enum):
         summary=(
             "for kv group `group` and batch rows [row_start, row_stop), keys [partition*partition_tokens, "
             "+partition_tokens) clipped to each row's length positions[b]+step+1: softmax-normalised partial "
-            "output and its log-sum-exp (-inf if empty)"
+            "output and its log-sum-exp (-inf if empty); in a region of one partition, part_out is attn_out "
+            "(same layout, its dtype) and no ATTN_REDUCE follows"
         ),
         tile="kv partitions",
         args=("group", "row_start", "row_stop"),

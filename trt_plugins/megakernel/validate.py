@@ -26,7 +26,8 @@ class ProgramError(ValueError):
 def footprint(inst: Instruction, program: Program) -> tuple[list[tuple[int, Box]], list[tuple[int, Box]]]:
     """(reads, writes) of `inst` as (buffer id, box) pairs over written-in-launch buffers.
 
-    Boxes: activations (rows, cols); q (rows, heads); partials (rows, kv group, partition);
+    Boxes: activations (rows, cols); q (rows, heads); partials (rows, kv group, partition), or attn_out's
+    (rows, cols) where a one-partition region's ATTN_PARTIAL writes it;
     KV caches (layer, kv group, step relative to the launch)."""
     c = program.constants
     rows = (0, c.batch_size)
@@ -60,7 +61,12 @@ def footprint(inst: Instruction, program: Program) -> tuple[list[tuple[int, Box]
         reads.append((ins[0], (own, heads)))
         past = ((inst.layer, inst.layer + 1), (group, group + 1), (0, inst.step + 1))
         reads += [(ins[1], past), (ins[2], past)]
-        writes += [(outs[0], (own, (group, group + 1), tile)), (outs[1], (own, (group, group + 1), tile))]
+        if len(program.buffers[outs[0]].shape) == 2:  # one partition: part_out is attn_out (rows, heads x dim)
+            width = c.group_size * c.head_dim
+            writes.append((outs[0], (own, (group * width, (group + 1) * width))))
+        else:
+            writes.append((outs[0], (own, (group, group + 1), tile)))
+        writes.append((outs[1], (own, (group, group + 1), tile)))
     elif op is Opcode.CROSS_ATTN:
         # The cross caches are written before the launch (once per stream): only q and attn_out are tracked.
         (group,) = inst.args

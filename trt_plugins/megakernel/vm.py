@@ -147,6 +147,9 @@ class _Machine:
         c = self.c
         rows = range(*row_range(inst.args, 1, c.batch_size))
         heads = slice(group * c.group_size, (group + 1) * c.group_size)
+        # A region of one partition passes attn_out (rows, heads x head_dim) as part_out: same layout, its dtype.
+        final = part_out.dim() == 2
+        cols = slice(heads.start * c.head_dim, heads.stop * c.head_dim)
         lengths = (positions + inst.step + 1).tolist()
         if max(lengths) > min(c.num_partitions * c.partition_tokens, k_cache.shape[3]):
             raise ValueError(
@@ -160,7 +163,10 @@ class _Machine:
                 length, slot = lengths[row], slot_list[row]
                 last = min(first + c.partition_tokens, length)
                 if last <= first:  # nothing of this row's context falls in the partition
-                    part_out[row, group, partition] = 0.0
+                    if final:
+                        part_out[row, cols] = 0.0
+                    else:
+                        part_out[row, group, partition] = 0.0
                     part_lse[row, group, partition] = float("-inf")
                     continue
                 q = q_buf[row, heads].float()  # (G, D)
@@ -170,7 +176,11 @@ class _Machine:
                 peak = scores.amax(dim=-1, keepdim=True)
                 weights = torch.exp(scores - peak)
                 total = weights.sum(dim=-1, keepdim=True)
-                part_out[row, group, partition] = (weights / total) @ values
+                out = (weights / total) @ values  # (G, D)
+                if final:
+                    part_out[row, cols] = out.reshape(-1).to(part_out.dtype)
+                else:
+                    part_out[row, group, partition] = out
                 part_lse[row, group, partition] = (peak + torch.log(total))[:, 0]
 
     def _cross_attn(self, inst: Instruction) -> None:

@@ -83,7 +83,7 @@
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_Q_BUF 0
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_K_CACHE 1
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_V_CACHE 2
-/* ATTN_PARTIAL: for kv group `group` and batch rows [row_start, row_stop), keys [partition*partition_tokens, +partition_tokens) clipped to each row's length positions[b]+step+1: softmax-normalised partial output and its log-sum-exp (-inf if empty)
+/* ATTN_PARTIAL: for kv group `group` and batch rows [row_start, row_stop), keys [partition*partition_tokens, +partition_tokens) clipped to each row's length positions[b]+step+1: softmax-normalised partial output and its log-sum-exp (-inf if empty); in a region of one partition, part_out is attn_out (same layout, its dtype) and no ATTN_REDUCE follows
  *   tile: kv partitions
  *   args: [0] group, [1] row_start, [2] row_stop
  *   inputs: [0] q_buf, [1] k_cache, [2] v_cache, [3] positions, [4] slots
