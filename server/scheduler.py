@@ -13,8 +13,8 @@ waiting), in the order of its first attempt, so clients that wait as told are se
 arrivals and are not beaten by clients that retry at once. A client that does not echo the ticket but
 retries on the same connection (front ends pass it as `client`; stock clients such as OpenAI's SDK honour
 `retry-after-ms` over a kept-alive connection but do not know `x-tilevox-ticket`) keeps its place the same
-way. Tickets never hold places: a ticket nobody redeems costs nothing. Each stream's chunks reach the asyncio loop through
-`loop.call_soon_threadsafe`, so front ends simply iterate a `StreamHandle`.
+way. Tickets never hold places: a ticket nobody redeems costs nothing. Each stream's chunks reach the
+asyncio loop through `loop.call_soon_threadsafe`, so front ends simply iterate a `StreamHandle`.
 """
 
 from __future__ import annotations
