@@ -76,7 +76,7 @@ def add_tiling_args(parser) -> None:
         "--reduce-single-partition",
         choices=["on", "off"],
         default=None,
-        help="TilingConfig.reduce_single_partition: an ATTN_REDUCE stage even for one partition (default: off)",
+        help="TilingConfig.reduce_single_partition: an ATTN_REDUCE stage even for one partition (default: TilingConfig's)",
     )
 
 

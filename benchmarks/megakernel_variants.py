@@ -51,6 +51,7 @@ TILINGS: dict[str, list[str]] = {
     "balanced": ["--sm-balanced", "on", "--attn-rows", "0"],
     "attn4": ["--attn-rows", "4"],
     "attn16": ["--attn-rows", "16"],
+    "onepart": ["--reduce-single-partition", "off"],  # one-partition regions without ATTN_REDUCE
 }
 # Variants whose outputs may differ from the default's in fp32 summation order (checked against the VM by
 # the GPU tests instead of bit for bit).

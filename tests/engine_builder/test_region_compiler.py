@@ -531,7 +531,7 @@ def test_one_partition_writes_attn_out_without_a_reduce_stage(tiny_llama):
     stage: one dependent stage fewer per layer), and the step equals both the decode and, bit for bit, the
     program that keeps the reduce (TilingConfig.reduce_single_partition)."""
     slots, lengths = [4, 0, 7], [9, 1, 30]
-    tiling = dataclasses.replace(TILING, partition_tokens=CACHE_LEN)
+    tiling = dataclasses.replace(TILING, partition_tokens=CACHE_LEN, reduce_single_partition=False)
     region = _compile(tiny_llama, RegionSpec.full_step(2), len(slots), tiling=tiling)
     kept = _compile(
         tiny_llama,
