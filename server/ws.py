@@ -5,7 +5,8 @@ this module is its I/O shell: it reads frames, runs the actions, and plays queue
 the scheduler. Server events: {"type": "started"} per config, binary audio frames,
 {"type": "first_audio", "latency_ms"} per utterance (from the utterance's first text message to its
 first audio), {"type": "done", "stats"} per flush, {"type": "cancelled"}, {"type": "error", "code",
-"message", "status"}. Phrase i of a session uses seed + i, so a single-phrase utterance equals the HTTP
+"message", "status"} (a refusal under load adds "retry_after_ms"; a phrase sent again on the same
+connection keeps the place in line of its refused attempt). Phrase i of a session uses seed + i, so a single-phrase utterance equals the HTTP
 output. Every failure is an `error` event and the session stays usable; a stream the server cut at
 its drain deadline ends its utterance with `error` code `truncated`, never `done`.
 
@@ -26,6 +27,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 from tilevox.server.audio import StreamEncoder
 from tilevox.server.errors import map_exception
 from tilevox.server.logs import log_event
+from tilevox.server.scheduler import OverloadedError
 from tilevox.server.state import ServerState, bearer_token, request_id_of
 from tilevox.server.ws_protocol import Cancel, Close, EndUtterance, Heard, SendEvent, Speak, WsLimits, WsSession
 
@@ -41,6 +43,8 @@ class _Player:
         self.ws = ws
         self.state = state
         self.session = session
+        # the connection, for the scheduler: a phrase retried on it after a refusal keeps its place in line
+        self.client = f"ws {ws.client.host}:{ws.client.port}" if ws.client else None
         self.queue: asyncio.Queue = asyncio.Queue()
         self.phrase_idx = 0
         self.current = None  # the StreamHandle being played
@@ -68,9 +72,10 @@ class _Player:
                 code=mapped.code,
                 error=mapped.message,
             )
-        await self.send_event(
-            {"type": "error", "code": mapped.code, "message": mapped.message, "status": mapped.http_status}
-        )
+        event = {"type": "error", "code": mapped.code, "message": mapped.message, "status": mapped.http_status}
+        if isinstance(exc, OverloadedError):
+            event["retry_after_ms"] = max(1, round(exc.retry_after_s * 1000))
+        await self.send_event(event)
 
     def note_text(self) -> None:
         if self.utterance_started_at is None:
@@ -120,7 +125,7 @@ class _Player:
             params.request, text=item.text, seed=(params.request.seed + self.phrase_idx) % (2**63)
         )
         self.phrase_idx += 1
-        handle = self.state.scheduler.submit(request)
+        handle = self.state.scheduler.submit(request, client=self.client)
         self.current = handle
         encoder = self.encoder
         try:

@@ -321,3 +321,35 @@ def test_websocket_first_audio_is_no_later_than_http(fake_server):
     http = statistics.median(http_once() for _ in range(10))
     ws = statistics.median(asyncio.run(ws_times()))
     assert ws <= http + 0.010, (round(ws * 1e3, 1), round(http * 1e3, 1))
+
+
+def test_a_refused_phrase_says_when_to_retry_and_keeps_its_place_on_its_connection(server_factory):
+    """Under load a phrase gets an error event with status 429 and retry_after_ms; sent again on the same
+    connection it keeps the place of its refused attempt (queued beyond max_queued), while a phrase from
+    another connection is still refused."""
+    server = server_factory(FakeSpeechModel(step_delay_s=0.02), max_streams=1, max_queued=0, max_text_chars=500)
+
+    async def utterance(ws, text: str) -> None:
+        await ws.send(json.dumps({"type": "text", "text": text}))
+        await ws.send(json.dumps({"type": "flush"}))
+
+    async def main():
+        async with connect(_url(server)) as a, connect(_url(server)) as b, connect(_url(server)) as c:
+            for ws in (a, b, c):
+                await ws.send(json.dumps({"type": "config", "response_format": "pcm"}))
+                await _until(ws, "started")
+            await utterance(a, "a" * 120)  # 120 frames at 20 ms: runs for seconds
+            await _until(a, "first_audio")
+            await utterance(b, "b" * 20)
+            _, refused, _ = await _until(b, "error")
+            await utterance(b, "b" * 20)  # again on the same connection: queued behind a
+            await utterance(c, "c" * 20)  # a new connection: the place is b's, c is refused
+            _, other, _ = await _until(c, "error")
+            b_audio, _, b_events = await _until(b, "done")
+            await _until(a, "done")  # read to the end: an unread session would hold its close handshake
+            return refused, other, b_audio, b_events
+
+    refused, other, b_audio, b_events = asyncio.run(main())
+    assert refused["status"] == 429 and refused["retry_after_ms"] >= 1, refused
+    assert other["status"] == 429, other
+    assert len(b_audio) > 0 and not [e for e in b_events if e["type"] == "error"], b_events
