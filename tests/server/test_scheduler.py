@@ -213,21 +213,31 @@ def test_worker_death_fails_streams_and_refuses_new_ones(sched_factory):
     assert sched.worker_error is not None
 
 
+async def _full_scheduler():
+    """A started scheduler with its one place running a long stream and its one queue place taken:
+    (scheduler, running handle, queued handle). The caller shuts it down."""
+    import asyncio
+
+    from tests.server.fake_model import FakeSpeechModel
+    from tilevox.server.scheduler import Scheduler
+
+    scheduler = Scheduler(FakeSpeechModel(step_delay_s=0.05), max_active=1, max_queued=1)
+    scheduler.start()
+    running = scheduler.submit(SynthesisRequest(text="a" * 40))
+    while scheduler.num_active == 0:  # the worker admits it
+        await asyncio.sleep(0.002)
+    return scheduler, running, scheduler.submit(SynthesisRequest(text="b"))
+
+
 def test_a_ticket_keeps_its_first_attempts_place_in_line():
     """Refused requests get a ticket; coming back with it queues them beyond max_queued, ahead of later arrivals."""
     import asyncio
 
-    from tests.server.fake_model import FakeSpeechModel
-    from tilevox.server.scheduler import OverloadedError, Scheduler
+    from tilevox.server.scheduler import OverloadedError
 
     async def main():
-        scheduler = Scheduler(FakeSpeechModel(step_delay_s=0.05), max_active=1, max_queued=1)
-        scheduler.start()
+        scheduler, running, queued = await _full_scheduler()
         try:
-            running = scheduler.submit(SynthesisRequest(text="a" * 40))
-            while scheduler.num_active == 0:  # the worker admits it
-                await asyncio.sleep(0.002)
-            queued = scheduler.submit(SynthesisRequest(text="b"))
             with pytest.raises(OverloadedError) as refused:
                 scheduler.submit(SynthesisRequest(text="c"))
             assert refused.value.ticket and 0 < refused.value.retry_after_s <= 30
@@ -250,17 +260,11 @@ def test_a_retry_on_the_same_connection_keeps_its_place_without_the_ticket():
     queued at its first attempt's place, ahead of a later refused arrival; another connection is still refused."""
     import asyncio
 
-    from tests.server.fake_model import FakeSpeechModel
-    from tilevox.server.scheduler import OverloadedError, Scheduler
+    from tilevox.server.scheduler import OverloadedError
 
     async def main():
-        scheduler = Scheduler(FakeSpeechModel(step_delay_s=0.05), max_active=1, max_queued=1)
-        scheduler.start()
+        scheduler, running, queued = await _full_scheduler()
         try:
-            running = scheduler.submit(SynthesisRequest(text="a" * 40))
-            while scheduler.num_active == 0:  # the worker admits it
-                await asyncio.sleep(0.002)
-            queued = scheduler.submit(SynthesisRequest(text="b"))
             with pytest.raises(OverloadedError):
                 scheduler.submit(SynthesisRequest(text="c"), client="http 10.0.0.1:4000")
             with pytest.raises(OverloadedError) as later:  # refused after c, with a ticket it will echo
