@@ -62,7 +62,7 @@ def utc_now() -> str:
 
 
 def add_tiling_args(parser) -> None:
-    """--sm-balanced / --attn-rows / --reduce-single-partition: TilingConfig overrides for the megakernel
+    """--sm-balanced / --attn-rows / --reduce-single-partition / --split-qkv: TilingConfig overrides for the megakernel
     benchmarks (see apply_tiling_args)."""
     parser.add_argument(
         "--sm-balanced",
@@ -79,6 +79,12 @@ def add_tiling_args(parser) -> None:
         default=None,
         help="TilingConfig.reduce_single_partition: an ATTN_REDUCE stage even for one partition (default: TilingConfig's)",
     )
+    parser.add_argument(
+        "--split-qkv",
+        choices=["on", "off"],
+        default=None,
+        help="TilingConfig.split_qkv: balanced q/k/v projection tiles, norms and rope in the attention (default: TilingConfig's)",
+    )
 
 
 def apply_tiling_args(tiling, args):
@@ -91,4 +97,6 @@ def apply_tiling_args(tiling, args):
         tiling = dataclasses.replace(tiling, attn_rows=args.attn_rows or None)
     if args.reduce_single_partition is not None:
         tiling = dataclasses.replace(tiling, reduce_single_partition=args.reduce_single_partition == "on")
+    if args.split_qkv is not None:
+        tiling = dataclasses.replace(tiling, split_qkv=args.split_qkv == "on")
     return tiling

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import add_tiling_args, apply_tiling_args
 from benchmarks.megakernel_conventional import LLAMA_VARIANTS, fp32_twin, o1_random_llama
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
 from tilevox.executor.megakernel_inputs import llama_decode_inputs, sampling_inputs
@@ -163,7 +164,7 @@ def _setup_batch(model, ref_model, args, batch: int, max_context: int, gen: torc
         "max_context": max_context,
         "num_cache_slots": num_slots,
         "cache_len": max_context,
-        "tiling": TILING,
+        "tiling": args.tiling,
         "num_sms": args.num_sms,
     }
     region = compile_region(model, RegionSpec.full_step(1), **compile_kw)
@@ -454,7 +455,7 @@ def run(args: argparse.Namespace, save: Callable[[dict], None] | None = None) ->
             "max|bf16 PyTorch - ref|) over the batch; "
             "a token != ref argmax is a near-tie if ref[argmax] - ref[token] <= that bound, else a failure",
         },
-        "tiling": asdict(TILING),
+        "tiling": asdict(args.tiling),
         "num_sms": args.num_sms,
         "max_context": max_context,
         "cells": [],
@@ -583,7 +584,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--num-sms", type=int, default=None, help="queues (default: the GPU's SMs; 8 on CPU)")
     parser.add_argument("--seed", type=int, default=0)
+    add_tiling_args(parser)
     args = parser.parse_args(argv)
+    args.tiling = apply_tiling_args(TILING, args)
     args.batches = args.batches or (QUICK_BATCHES if args.quick else FULL_BATCHES)
     args.contexts = args.contexts or (QUICK_CONTEXTS if args.quick else FULL_CONTEXTS)
     args.steps = args.steps or (16 if args.quick else 64)

@@ -52,6 +52,8 @@ TILINGS: dict[str, list[str]] = {
     "attn4": ["--attn-rows", "4"],
     "attn16": ["--attn-rows", "16"],
     "onepart": ["--reduce-single-partition", "off"],  # one-partition regions without ATTN_REDUCE
+    "split": ["--split-qkv", "on"],  # balanced q/k/v tiles; norms and rope in ATTN_PARTIAL, KV_APPEND beside it
+    "fused": ["--split-qkv", "off"],  # one whole head per QKV tile
 }
 # Variants whose outputs may differ from the default's in fp32 summation order (checked against the VM by
 # the GPU tests instead of bit for bit).

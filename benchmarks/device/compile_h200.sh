@@ -27,6 +27,7 @@
 #                          model and batch) with ARGS, MKBENCH_TIMEOUT seconds at most (240)
 #   mkprofile NAME ARGS... --  benchmarks/megakernel_profile.py (per-opcode profile and critical path) with ARGS
 #   mkcorrect              the megakernel correctness matrix (benchmarks/megakernel_correctness.py, Llasa-1B shapes)
+#   mkcorrectx NAME ARGS... --  the same with extra flags (e.g. benchmarks.common's tiling flags: --split-qkv on)
 #   restore PATH... --     put these paths back to the landed commit first (a helper's unfinished edit in the copied
 #                          working tree stays out of the run)
 #   pack                   everything in $OUT into results.tgz (a call brings back 8 files at most)
@@ -125,6 +126,11 @@ while [ $# -gt 0 ]; do
       timeout 150 python3 -m benchmarks.megakernel_correctness --commit "${TILEVOX_COMMIT:-unknown}" \
         --out "$OUT/megakernel_correctness.json" > "$OUT/correctness.log" 2>&1
       echo "mkcorrect rc $?"; tail -27 "$OUT/correctness.log" ;;
+    mkcorrectx)  # mkcorrectx NAME ARGS... -- : the correctness matrix with extra flags (e.g. --split-qkv on)
+      name=$1; shift; extra=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift || true
+      timeout 150 python3 -m benchmarks.megakernel_correctness --commit "${TILEVOX_COMMIT:-unknown}" "${extra[@]}" \
+        --out "$OUT/megakernel_correctness_$name.json" > "$OUT/correctness_$name.log" 2>&1
+      echo "mkcorrectx $name rc $?"; tail -27 "$OUT/correctness_$name.log" ;;
     restore)
       paths=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do paths+=("$1"); shift; done; shift || true
       (cd "$repo" && git checkout HEAD -- "${paths[@]}" && git status --short | head -20) ;;

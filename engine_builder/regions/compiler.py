@@ -150,9 +150,47 @@ class _Builder:
         (r1 - r0) weight rows of in_width (+ bias), the whole (B, in_width) input (+ a norm gain:
         every tile recomputes the norm, as Hazy's kernel does), writes (B, r1 - r0), and with
         `residual` also reads that slice of the residual stream."""
+        return self.stage(
+            self.matvec_records(
+                opcode,
+                layer=layer,
+                step=step,
+                rows=rows,
+                rows_per_tile=self.rows_per_tile(rows, tile_rows),
+                in_width=in_width,
+                inputs=inputs,
+                outputs=outputs,
+                waits=waits,
+                num_mats=num_mats,
+                norm=norm,
+                residual=residual,
+                bias=bias,
+                first_tile_extra_bytes=first_tile_extra_bytes,
+            )
+        )
+
+    def matvec_records(
+        self,
+        opcode: Opcode,
+        *,
+        layer: int = NO_ID,
+        step: int,
+        rows: int,
+        rows_per_tile: int,
+        in_width: int,
+        inputs: tuple[int, ...],
+        outputs: tuple[int, ...],
+        waits: tuple[Wait, ...],
+        num_mats: int = 1,
+        norm: bool = False,
+        residual: bool = False,
+        bias: bool = False,
+        first_tile_extra_bytes: int = 0,
+    ) -> list[dict[str, Any]]:
+        """The records of matvec_stage, tiles of `rows_per_tile` rows, for a stage of several matrices."""
         batch, elt = self.c.batch_size, self.elt
         records = []
-        for start, stop in _tiles(rows, self.rows_per_tile(rows, tile_rows)):
+        for start, stop in _tiles(rows, rows_per_tile):
             n = stop - start
             records.append(
                 {
@@ -174,7 +212,7 @@ class _Builder:
                     "flops": 2 * num_mats * batch * n * in_width,
                 }
             )
-        return self.stage(records)
+        return records
 
 
 def _layer(
@@ -192,16 +230,90 @@ def _layer(
 ) -> tuple[int, Wait, tuple[Wait, ...]]:
     """Emit one decoder layer at one step; returns (x_out buffer or NO_ID, its wait or None, per-group
     QKV waits). Not `full`: only the QKV/KV-append tiles are live (nothing reads the layer's output).
-    kv_wait: the previous step's QKV stage of this layer and group (see the chain below)."""
-    c, v, elt = b.c, b.view, b.elt
-    w = v.layers[layer]
-    batch, d, g_size, hidden = c.batch_size, c.head_dim, c.group_size, v.hidden_size
+    kv_wait: the previous step's QKV (or KV_APPEND) stage of this layer and group (see the chain below)."""
+    c, elt = b.c, b.elt
+    w = b.view.layers[layer]
+    batch, d = c.batch_size, c.head_dim
     prefix = f"layers.{layer}."
     ln1, wq, wk, wv = (
         b.weight(prefix + n, t) for n, t in (("ln1", w.ln1), ("w_q", w.w_q), ("w_k", w.w_k), ("w_v", w.w_v))
     )
     qk_norm = b.weight(prefix + "qk_norm", w.qk_norm)
     tag = f"s{step}.l{layer}."
+    row_tiles = _tiles(batch, batch if tiling.attn_rows is None else tiling.attn_rows)
+    if tiling.split_qkv:
+        q_buf, fresh, linear_wait, qkv_waits = _split_qkv(
+            b,
+            tiling,
+            step=step,
+            layer=layer,
+            x_in=x_in,
+            x_waits=x_waits,
+            kv_wait=kv_wait,
+            full=full,
+            tag=tag,
+            weights=(ln1, wq, wk, wv, qk_norm),
+            row_tiles=row_tiles,
+        )
+        if not full:
+            return NO_ID, None, qkv_waits
+        # Attention of kv group g waits for the projections and for the previous step's appends (the cache
+        # below this step's position); this step's KV_APPEND runs beside it.
+        attn_waits = [(linear_wait, *(() if kv_wait is None else (kv_wait[group],))) for group in range(c.num_kv_heads)]
+        attn_extra_bytes = 2 * d * elt + (2 * d * elt if w.qk_norm is not None else 0) + (d // 2) * 4
+    else:
+        q_buf, qkv_waits = _fused_qkv(
+            b,
+            tiling,
+            step=step,
+            layer=layer,
+            x_in=x_in,
+            x_waits=x_waits,
+            kv_wait=kv_wait,
+            tag=tag,
+            weights=(ln1, wq, wk, wv, qk_norm),
+        )
+        if not full:
+            return NO_ID, None, qkv_waits
+        fresh = (NO_ID,) * 4
+        attn_waits = [(qkv_waits[group],) for group in range(c.num_kv_heads)]
+        attn_extra_bytes = 0
+    return _attention_and_mlp(
+        b,
+        tiling,
+        step=step,
+        layer=layer,
+        x_in=x_in,
+        q_buf=q_buf,
+        fresh=fresh,
+        attn_waits=attn_waits,
+        attn_extra_bytes=attn_extra_bytes,
+        row_tiles=row_tiles,
+        context_tokens=context_tokens,
+        tag=tag,
+        prefix=prefix,
+        out_name=out_name,
+        qkv_waits=qkv_waits,
+    )
+
+
+def _fused_qkv(
+    b: _Builder,
+    tiling: TilingConfig,
+    *,
+    step: int,
+    layer: int,
+    x_in: int,
+    x_waits: tuple[Wait, ...],
+    kv_wait: tuple[Wait, ...] | None,
+    tag: str,
+    weights: tuple[int, ...],
+) -> tuple[int, tuple[Wait, ...]]:
+    """RMSNORM_QKV_ROPE_APPEND stages, one per kv group of whole-head tiles; returns (q_buf, per-group waits)."""
+    c, elt = b.c, b.elt
+    batch, d, g_size, hidden = c.batch_size, c.head_dim, c.group_size, b.view.hidden_size
+    ln1, wq, wk, wv, qk_norm = weights
+    has_qk_norm = qk_norm != NO_ID
     q_buf = b.buffer(tag + "q", BufferKind.SCRATCH, b.act_dtype, (batch, c.num_heads, d))
     ids = b.ids
     qkv_waits = []
@@ -231,7 +343,7 @@ def _layer(
                     "activation_bytes": (
                         batch * hidden * elt
                         + hidden * elt
-                        + (2 * d * elt if w.qk_norm is not None else 0)
+                        + (2 * d * elt if has_qk_norm else 0)
                         + (d // 2) * 4
                         + 2 * batch * 8
                         + num_q * batch * d * elt
@@ -240,8 +352,102 @@ def _layer(
                 }
             )
         qkv_waits.append(b.stage(records))
-    if not full:
-        return NO_ID, None, tuple(qkv_waits)
+    return q_buf, tuple(qkv_waits)
+
+
+def _split_qkv(
+    b: _Builder,
+    tiling: TilingConfig,
+    *,
+    step: int,
+    layer: int,
+    x_in: int,
+    x_waits: tuple[Wait, ...],
+    kv_wait: tuple[Wait, ...] | None,
+    full: bool,
+    tag: str,
+    weights: tuple[int, ...],
+    row_tiles: list[tuple[int, int]],
+) -> tuple[int, tuple[int, int, int, int], Wait, tuple[Wait, ...]]:
+    """TilingConfig.split_qkv: one stage of RMSNORM_LINEAR tiles over the q, k and v rows together (balanced
+    like every matrix-vector stage, rather than one whole head per tile), writing the raw projections, then
+    KV_APPEND tiles per kv group and row range that norm, rope and append this step's key and value. Returns
+    (raw q or NO_ID, ATTN_PARTIAL's (k_new, v_new, qk_norm_w, inv_freq), the projection stage's wait, the
+    append stage's wait once per kv group: the KV chain, as the fused stage's waits are)."""
+    c, elt = b.c, b.elt
+    d, kv_heads, hidden = c.head_dim, c.num_kv_heads, b.view.hidden_size
+    ln1, wq, wk, wv, qk_norm = weights
+    ids = b.ids
+    mats = [("k_raw", wk, kv_heads * d), ("v_raw", wv, kv_heads * d)]
+    if full:  # a layer that only appends (the predictor's micro-step 0, last layer) needs no queries
+        mats.insert(0, ("q_raw", wq, c.num_heads * d))
+    per_tile = b.rows_per_tile(sum(rows for _, _, rows in mats), b.tiling.matvec_rows)
+    raw, records = {}, []
+    for name, weight, rows in mats:
+        raw[name] = b.act(tag + name, rows)
+        records += b.matvec_records(
+            Opcode.RMSNORM_LINEAR,
+            layer=layer,
+            step=step,
+            rows=rows,
+            rows_per_tile=min(per_tile, rows),
+            in_width=hidden,
+            inputs=(x_in, ln1, weight),
+            outputs=(raw[name],),
+            waits=x_waits,
+            norm=True,
+        )
+    linear_wait = b.stage(records)
+    has_qk_norm = qk_norm != NO_ID
+    append_wait = b.stage(
+        [
+            {
+                "opcode": Opcode.KV_APPEND,
+                "layer": layer,
+                "step": step,
+                "tile_start": group,
+                "tile_stop": group + 1,
+                "args": (row0, row1),
+                "inputs": (raw["k_raw"], raw["v_raw"], qk_norm, ids["inv_freq"], ids["positions"], ids["slots"]),
+                "outputs": (ids["k_cache"], ids["v_cache"]),
+                "waits": (linear_wait, *(() if kv_wait is None else (kv_wait[group],))),
+                "kv_bytes": 2 * (row1 - row0) * d * elt,
+                "activation_bytes": (
+                    2 * (row1 - row0) * d * elt + (d * elt if has_qk_norm else 0) + (d // 2) * 4 + 2 * (row1 - row0) * 8
+                ),
+            }
+            for group in range(kv_heads)
+            for row0, row1 in row_tiles
+        ]
+    )
+    fresh = (raw["k_raw"], raw["v_raw"], qk_norm, ids["inv_freq"])
+    return raw.get("q_raw", NO_ID), fresh, linear_wait, (append_wait,) * kv_heads
+
+
+def _attention_and_mlp(
+    b: _Builder,
+    tiling: TilingConfig,
+    *,
+    step: int,
+    layer: int,
+    x_in: int,
+    q_buf: int,
+    fresh: tuple[int, ...],
+    attn_waits: list[tuple[Wait, ...]],
+    attn_extra_bytes: int,
+    row_tiles: list[tuple[int, int]],
+    context_tokens: int,
+    tag: str,
+    prefix: str,
+    out_name: str | None,
+    qkv_waits: tuple[Wait, ...],
+) -> tuple[int, Wait, tuple[Wait, ...]]:
+    """Attention (ATTN_PARTIAL, then ATTN_REDUCE unless one partition covers the context), the output
+    projection, optional cross-attention and the MLP of one layer and step."""
+    c, v, elt = b.c, b.view, b.elt
+    w = v.layers[layer]
+    batch, d, g_size, hidden = c.batch_size, c.head_dim, c.group_size, v.hidden_size
+    ids = b.ids
 
     # One partition (a region whose max context fits one, e.g. the Qwen3-TTS code predictor's 17 positions):
     # ATTN_PARTIAL's normalised output is the attention output, so it writes attn_out, whose (rows, heads x
@@ -258,7 +464,6 @@ def _layer(
         tag + "part_lse", BufferKind.SCRATCH, DType.FLOAT32, (batch, c.num_kv_heads, c.num_partitions, g_size)
     )
     part_waits, part_records = [], []
-    row_tiles = _tiles(batch, batch if tiling.attn_rows is None else tiling.attn_rows)
     for group in range(c.num_kv_heads):
         records = []
         for partition in range(c.num_partitions):
@@ -274,13 +479,14 @@ def _layer(
                         "tile_start": partition,
                         "tile_stop": partition + 1,
                         "args": (group, row0, row1),
-                        "inputs": (q_buf, ids["k_cache"], ids["v_cache"], ids["positions"], ids["slots"]),
+                        "inputs": (q_buf, ids["k_cache"], ids["v_cache"], ids["positions"], ids["slots"], *fresh),
                         "outputs": (part_out, part_lse),
-                        "waits": (qkv_waits[group],),
+                        "waits": attn_waits[group],
                         "kv_bytes": 2 * rows * keys * d * elt,
                         "activation_bytes": rows * g_size * d * elt
                         + rows * g_size * ((d * elt) if single else (d + 1) * 4)
-                        + 2 * rows * 8,
+                        + 2 * rows * 8
+                        + rows * attn_extra_bytes,
                         "flops": 2 * 2 * rows * g_size * keys * d,
                     }
                 )

@@ -114,6 +114,13 @@ class TilingConfig:
     dependent stage fewer per layer). Kept (True) by default until the GPU tests have run with it (no GPU
     could be started on 2026-12-06); the VM and CPU tests cover both.
 
+    split_qkv: a layer's q, k and v projections as one stage of balanced RMSNORM_LINEAR tiles writing the raw
+    projections, instead of RMSNORM_QKV_ROPE_APPEND's one whole head per tile (the per-head norm and rope need
+    the whole head): ATTN_PARTIAL norms and ropes its queries and the newest key itself, and KV_APPEND writes
+    that key and value to the cache beside the attention, for the next step. Same number of dependent stages
+    per layer; the projection stage's tiles stream ceil(rows / SMs) rows each rather than head_dim rows on a
+    fraction of the SMs (Qwen3-TTS: 32 tiles of 128 rows for 132 SMs). Off by default until it has run on a GPU.
+
     Partitions of at least 64 keys (256 until 2026-12-06): on an H100, Llama-1B step at context 512, 64-key
     partitions took 2.88 / 3.35 / 6.67 ms at batch 1 / 8 / 32 against 2.81 / 3.95 / 8.98 ms with 256
     (same run, benchmarks/results/megakernel_variants_h100_4266d9f_pt{64,256}.json); the benchmarks and the correctness
@@ -130,6 +137,7 @@ class TilingConfig:
     sm_balanced: bool = False
     attn_rows: int | None = None
     reduce_single_partition: bool = True
+    split_qkv: bool = False
 
     def __post_init__(self) -> None:
         for name in (

@@ -560,3 +560,86 @@ def test_one_partition_writes_attn_out_without_a_reduce_stage(tiny_llama):
     torch.testing.assert_close(outs[0]["s0.logits"], ref_logits, atol=ATOL, rtol=1e-5)
     for name in ("s0.logits", "s1.logits", "s0.tokens", "s1.tokens"):
         assert torch.equal(outs[0][name], outs[1][name]), name
+
+
+def test_split_qkv_projects_in_balanced_tiles_and_equals_the_fused_qkv(tiny_llama):
+    """TilingConfig.split_qkv: per layer and step one stage of RMSNORM_LINEAR tiles covering the q, k and v rows
+    once (tiles of the balanced size, none crossing a matrix), attention that norms and ropes its queries and
+    the newest key itself, and KV_APPEND beside it. Two steps equal the decode, the fused-QKV program (fp32,
+    within the VM's matmul rounding) and the cache it leaves; the static race check passes."""
+    from tilevox.trt_plugins.megakernel.validate import check_program
+
+    slots, lengths, num_sms = [4, 0, 7], [9, 1, 30], 5
+    tiling = dataclasses.replace(TILING, split_qkv=True, sm_balanced=True)
+    region = _compile(tiny_llama, RegionSpec.full_step(2), len(slots), tiling=tiling, num_sms=num_sms)
+    fused = _compile(
+        tiny_llama, RegionSpec.full_step(2), len(slots), tiling=dataclasses.replace(tiling, split_qkv=False)
+    )
+    check_program(region.program)
+    cfg = tiny_llama.config
+    d = cfg.hidden_size // cfg.num_attention_heads
+    widths = {"q_raw": cfg.num_attention_heads * d, "k_raw": cfg.num_key_value_heads * d}
+    widths["v_raw"] = widths["k_raw"]
+    ops = [inst.opcode for inst in region.program.instructions]
+    assert Opcode.RMSNORM_QKV_ROPE_APPEND not in ops
+    names = {spec.buffer_id: spec.name for spec in region.program.buffers}
+    stages: dict[int, list] = {}
+    for inst in region.program.instructions:
+        if inst.opcode is Opcode.RMSNORM_LINEAR:
+            stages.setdefault(inst.signal, []).append(inst)
+    assert len(stages) == 2 * cfg.num_hidden_layers
+    size = -(-math.ceil(sum(widths.values()) / num_sms) // TILING.matvec_rows) * TILING.matvec_rows
+    for tiles in stages.values():
+        covered: dict[str, list[tuple[int, int]]] = {}
+        for t in tiles:
+            covered.setdefault(names[t.outputs[0]].split(".")[-1], []).append((t.tile_start, t.tile_stop))
+        for name, width in widths.items():
+            assert covered[name] == [(s, min(s + size, width)) for s in range(0, width, size)], name
+    # Same dependent chain per layer: linear -> partials -> reduce -> o-proj -> gate/up -> down.
+    appends = [i for i in region.program.instructions if i.opcode is Opcode.KV_APPEND]
+    assert len(appends) == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 1  # 3 rows: one 3-row tile
+    append_counters = {i.signal for i in appends}
+    consumers = [i for i in region.program.instructions if any(w.counter_id in append_counters for w in i.waits)]
+    assert {i.opcode for i in consumers} == {Opcode.ATTN_PARTIAL, Opcode.KV_APPEND}
+    assert all(i.step == 1 for i in consumers)  # only the next step waits for this step's appends
+    outs, caches = [], []
+    for program_region in (region, fused):
+        ref_cache = _prefilled_cache(tiny_llama, slots, lengths, seed=11)
+        vm_cache = _clone_cache(tiny_llama, ref_cache)
+        inputs = {**llama_decode_inputs(program_region, vm_cache, slots, torch.tensor([3, 1000, 17])), **_greedy(3)}
+        outs.append(run_program(program_region.program, inputs, policy=SchedulePolicy.RANDOM, seed=3))
+        caches.append((vm_cache.k, vm_cache.v))
+    ref_cache = _prefilled_cache(tiny_llama, slots, lengths, seed=11)
+    ref_logits = tiny_llama.decode(ref_cache, slots, torch.tensor([3, 1000, 17]))
+    torch.testing.assert_close(outs[0]["s0.logits"], ref_logits, atol=ATOL, rtol=1e-5)
+    for name in ("s0.logits", "s1.logits"):
+        torch.testing.assert_close(outs[0][name], outs[1][name], atol=1e-6, rtol=1e-6)
+    for name in ("s0.tokens", "s1.tokens"):
+        assert torch.equal(outs[0][name], outs[1][name]), name
+    for split_cache, fused_cache in zip(*caches):
+        torch.testing.assert_close(split_cache, fused_cache, atol=1e-6, rtol=1e-6)
+
+
+def test_split_qkv_attention_needs_the_append_chain(tiny_llama):
+    """Split QKV: step 1's attention reads the cache below its own position, which step 0's KV_APPEND wrote;
+    without that wait the static check reports the race, and without the projection wait the raw q."""
+    from tilevox.trt_plugins.megakernel.validate import ProgramError, check_program
+
+    tiling = dataclasses.replace(TILING, split_qkv=True)
+    program = _compile(tiny_llama, RegionSpec.full_step(2), 2, tiling=tiling).program
+    insts = program.instructions
+    appends = {i.signal for i in insts if i.opcode is Opcode.KV_APPEND}
+    linears = {i.signal for i in insts if i.opcode is Opcode.RMSNORM_LINEAR}
+
+    def without(counters: set[int]) -> tuple:
+        return tuple(
+            dataclasses.replace(i, waits=tuple(w for w in i.waits if w.counter_id not in counters))
+            if i.opcode is Opcode.ATTN_PARTIAL
+            else i
+            for i in insts
+        )
+
+    with pytest.raises(ProgramError, match=r"race: #\d+ ATTN_PARTIAL reads k_cache"):
+        check_program(program.with_instructions(without(appends)))
+    with pytest.raises(ProgramError, match=r"race: #\d+ ATTN_PARTIAL reads s0\.l0\.q_raw"):
+        check_program(program.with_instructions(without(linears)))

@@ -46,8 +46,13 @@ def _frame_inputs(talker: Talker, batch: int, seed: int) -> tuple[torch.Tensor, 
     return hidden, talker.embed_codec(code0)
 
 
-@pytest.mark.parametrize("batch, same_width", [(1, False), (3, False), (5, False), (2, True)])
-def test_code_predictor_loop_region_matches_predict_greedy(talker, batch, same_width):
+@pytest.mark.parametrize(
+    "batch, same_width, split_qkv",
+    [(1, False, False), (3, False, False), (5, False, True), (2, True, False), (2, True, True)],
+)
+def test_code_predictor_loop_region_matches_predict_greedy(talker, batch, same_width, split_qkv):
+    """The loop region (fused QKV, or split QKV: per-head q/k norms and rope in the attention and KV_APPEND)
+    equals predict() step by step."""
     talker = _tiny_talker(same_width=True) if same_width else talker
     predictor = talker.code_predictor
     assert (predictor.small_to_mtp_projection is None) == same_width
@@ -64,7 +69,7 @@ def test_code_predictor_loop_region_matches_predict_greedy(talker, batch, same_w
         predictor,
         RegionSpec.code_predictor_loop(),
         batch_size=batch,
-        tiling=TILING,
+        tiling=dataclasses.replace(TILING, split_qkv=split_qkv),
         num_sms=5,
     )
     assert region.num_steps == predictor.num_steps + 1  # one micro-step per position 0..Q-1

@@ -116,11 +116,15 @@ class Opcode(enum.Enum):
             "for kv group `group` and batch rows [row_start, row_stop), keys [partition*partition_tokens, "
             "+partition_tokens) clipped to each row's length positions[b]+step+1: softmax-normalised partial "
             "output and its log-sum-exp (-inf if empty); in a region of one partition, part_out is attn_out "
-            "(same layout, its dtype) and no ATTN_REDUCE follows"
+            "(same layout, its dtype) and no ATTN_REDUCE follows. With k_new (split QKV), q_buf holds the raw "
+            "queries (B, heads x head_dim) and the newest key is not read from the cache: q and k_new[b, group] "
+            "get RMSNORM_QKV_ROPE_APPEND's per-head norm (qk_norm_w, NO_ID: none) and rope, v_new[b, group] is "
+            "used as it is, both rounded to the cache dtype, so the cache is read at positions below "
+            "positions[b]+step only (KV_APPEND writes the newest off the critical path)"
         ),
         tile="kv partitions",
         args=("group", "row_start", "row_stop"),
-        inputs=("q_buf", "k_cache", "v_cache", "positions", "slots"),
+        inputs=("q_buf", "k_cache", "v_cache", "positions", "slots", "k_new", "v_new", "qk_norm_w", "inv_freq"),
         outputs=("part_out", "part_lse"),
     )
     ATTN_REDUCE = OpcodeInfo(
@@ -198,6 +202,29 @@ class Opcode(enum.Enum):
         args=("group",),
         inputs=("q", "k_cache", "v_cache", "text_lengths", "slots"),
         outputs=("attn_out",),
+    )
+    RMSNORM_LINEAR = OpcodeInfo(
+        code=12,
+        summary=(
+            "xn = rmsnorm(x) * ln_w; y[b, r] = xn . w[r] (split QKV: a layer's raw q, k or v projection, "
+            "cut into balanced row tiles; the per-head norms and rope follow in ATTN_PARTIAL and KV_APPEND)"
+        ),
+        tile="output features",
+        args=(),
+        inputs=("x", "ln_w", "w"),
+        outputs=("y",),
+    )
+    KV_APPEND = OpcodeInfo(
+        code=13,
+        summary=(
+            "split QKV: for kv groups g in the tile and batch rows [row_start, row_stop), k = rope(rmsnorm(k_raw[b, "
+            "g]) * qk_norm_w[1]) (norm skipped when qk_norm_w is NO_ID) at positions[b]+step -> k_cache[layer, "
+            "slots[b], g, positions[b]+step], v_raw[b, g] -> v_cache there (RMSNORM_QKV_ROPE_APPEND's k and v)"
+        ),
+        tile="kv groups",
+        args=("row_start", "row_stop"),
+        inputs=("k_raw", "v_raw", "qk_norm_w", "inv_freq", "positions", "slots"),
+        outputs=("k_cache", "v_cache"),
     )
 
     @property

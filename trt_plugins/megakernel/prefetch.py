@@ -27,7 +27,7 @@ def weight_row_ranges(inst: Instruction, constants) -> list[tuple[int, int, int]
         return [(inst.inputs[1], start, stop)]
     if op is Opcode.RMSNORM_GATEUP_SWIGLU:
         return [(inst.inputs[2], start, stop), (inst.inputs[3], start, stop)]
-    if op is Opcode.RMSNORM_LMHEAD:
+    if op in (Opcode.RMSNORM_LMHEAD, Opcode.RMSNORM_LINEAR):
         return [(inst.inputs[2], start, stop)]
     if op is Opcode.RMSNORM_QKV_ROPE_APPEND:
         group, d = inst.args[0], constants.head_dim

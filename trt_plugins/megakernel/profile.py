@@ -70,6 +70,7 @@ def fit_streaming_cost(
         "DOWN_RESIDUAL",
         "RMSNORM_LMHEAD",
         "RMSNORM_QKV_ROPE_APPEND",
+        "RMSNORM_LINEAR",
     ),
 ) -> dict[str, float]:
     """Least-squares fit of exec_us_mean = overhead_us + bytes_mean / per-SM bandwidth over the streaming

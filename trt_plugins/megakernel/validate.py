@@ -28,7 +28,7 @@ def footprint(inst: Instruction, program: Program) -> tuple[list[tuple[int, Box]
 
     Boxes: activations (rows, cols); q (rows, heads); partials (rows, kv group, partition), or attn_out's
     (rows, cols) where a one-partition region's ATTN_PARTIAL writes it;
-    KV caches (layer, kv group, step relative to the launch)."""
+    KV caches (layer, kv group, step relative to the launch, rows)."""
     c = program.constants
     rows = (0, c.batch_size)
     tile = (inst.tile_start, inst.tile_stop)
@@ -49,17 +49,33 @@ def footprint(inst: Instruction, program: Program) -> tuple[list[tuple[int, Box]
         if num_q:
             first = group * g_size + inst.tile_start
             writes.append((outs[0], (rows, (first, first + num_q))))
-        kv_box = ((inst.layer, inst.layer + 1), (group, group + 1), (inst.step, inst.step + 1))
+        kv_box = ((inst.layer, inst.layer + 1), (group, group + 1), (inst.step, inst.step + 1), rows)
         if inst.tile_start <= g_size < inst.tile_stop:
             writes.append((outs[1], kv_box))
         if inst.tile_start <= g_size + 1 < inst.tile_stop:
             writes.append((outs[2], kv_box))
+    elif op is Opcode.RMSNORM_LINEAR:
+        reads.append((ins[0], (rows, _ALL)))
+        writes.append((outs[0], (rows, tile)))
+    elif op is Opcode.KV_APPEND:
+        own = row_range(inst.args, 0, c.batch_size)
+        cols = (inst.tile_start * c.head_dim, inst.tile_stop * c.head_dim)
+        reads += [(ins[0], (own, cols)), (ins[1], (own, cols))]
+        kv_box = ((inst.layer, inst.layer + 1), tile, (inst.step, inst.step + 1), own)
+        writes += [(outs[0], kv_box), (outs[1], kv_box)]
     elif op is Opcode.ATTN_PARTIAL:
         group = inst.args[0]
         own = row_range(inst.args, 1, c.batch_size)
         heads = (group * c.group_size, (group + 1) * c.group_size)
-        reads.append((ins[0], (own, heads)))
-        past = ((inst.layer, inst.layer + 1), (group, group + 1), (0, inst.step + 1))
+        if ins[5] == NO_ID:  # q_buf (rows, heads, dim); the newest key and value are in the cache
+            reads.append((ins[0], (own, heads)))
+            past = ((inst.layer, inst.layer + 1), (group, group + 1), (0, inst.step + 1), own)
+        else:  # split QKV: raw q (rows, heads x dim) and the newest key/value from k_new / v_new
+            width = c.group_size * c.head_dim
+            reads.append((ins[0], (own, (group * width, (group + 1) * width))))
+            kv_cols = (group * c.head_dim, (group + 1) * c.head_dim)
+            reads += [(ins[5], (own, kv_cols)), (ins[6], (own, kv_cols))]
+            past = ((inst.layer, inst.layer + 1), (group, group + 1), (0, inst.step), own)
         reads += [(ins[1], past), (ins[2], past)]
         if len(program.buffers[outs[0]].shape) == 2:  # one partition: part_out is attn_out (rows, heads x dim)
             width = c.group_size * c.head_dim

@@ -88,6 +88,24 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _rope_tables(
+    positions: torch.Tensor, step: int, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(positions + step, cos, sin) of every row, (B,) and (B, D), the angles in fp32 like the references."""
+    pos = positions + step
+    freqs = pos.to(torch.float32)[:, None] * inv_freq  # (B, D/2)
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return pos, angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _norm_rope(
+    raw: torch.Tensor, norm_w: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """One head's q or k (..., D) in raw's dtype: the optional per-head rmsnorm, then rope."""
+    out = raw if norm_w is None else _rmsnorm(raw, norm_w, eps)
+    return out * cos + _rotate_half(out) * sin
+
+
 class _Machine:
     def __init__(self, program: Program, tensors: dict[int, torch.Tensor]) -> None:
         self.program = program
@@ -119,43 +137,66 @@ class _Machine:
         c = self.c
         d, g_size = c.head_dim, c.group_size
         xn = _rmsnorm(x, ln_w, c.rms_norm_eps)  # (B, hidden)
-        pos = positions + inst.step  # (B,)
-        freqs = pos.to(torch.float32)[:, None] * inv_freq  # (B, D/2), fp32 like the references
-        angles = torch.cat((freqs, freqs), dim=-1)  # (B, D)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        pos, cos, sin = _rope_tables(positions, inst.step, inv_freq, x.dtype)
+        q_norm, k_norm = (None, None) if qk_norm_w is None else (qk_norm_w[0], qk_norm_w[1])
         for head_slot in range(inst.tile_start, inst.tile_stop):
             if head_slot < g_size:
                 head = group * g_size + head_slot
                 out = F.linear(xn, w_q[head * d : (head + 1) * d])  # (B, D)
-                if qk_norm_w is not None:
-                    out = _rmsnorm(out, qk_norm_w[0], c.rms_norm_eps)
-                q_buf[:, head] = out * cos + _rotate_half(out) * sin
+                q_buf[:, head] = _norm_rope(out, q_norm, c.rms_norm_eps, cos, sin)
             elif head_slot == g_size:
                 out = F.linear(xn, w_k[group * d : (group + 1) * d])  # (B, D)
-                if qk_norm_w is not None:
-                    out = _rmsnorm(out, qk_norm_w[1], c.rms_norm_eps)
-                k_cache[inst.layer, slots, group, pos] = out * cos + _rotate_half(out) * sin
+                k_cache[inst.layer, slots, group, pos] = _norm_rope(out, k_norm, c.rms_norm_eps, cos, sin)
             elif head_slot == g_size + 1:
                 v_cache[inst.layer, slots, group, pos] = F.linear(xn, w_v[group * d : (group + 1) * d])
             else:
                 raise ValueError(f"head slot {head_slot} out of range for group size {g_size}")
 
+    def _rmsnorm_linear(self, inst: Instruction) -> None:
+        x, ln_w, w = (self.buf(i) for i in inst.inputs)
+        (y,) = (self.buf(i) for i in inst.outputs)
+        cols = slice(inst.tile_start, inst.tile_stop)
+        y[:, cols] = F.linear(_rmsnorm(x, ln_w, self.c.rms_norm_eps), w[cols])
+
+    def _kv_append(self, inst: Instruction) -> None:
+        k_raw, v_raw, qk_norm_w, inv_freq, positions, slots = (self.buf(i) for i in inst.inputs)
+        k_cache, v_cache = (self.buf(i) for i in inst.outputs)
+        c = self.c
+        d = c.head_dim
+        rows = slice(*row_range(inst.args, 0, c.batch_size))
+        pos, cos, sin = _rope_tables(positions[rows], inst.step, inv_freq, k_raw.dtype)
+        k_norm = None if qk_norm_w is None else qk_norm_w[1]
+        for group in range(inst.tile_start, inst.tile_stop):
+            cols = slice(group * d, (group + 1) * d)
+            k_cache[inst.layer, slots[rows], group, pos] = _norm_rope(
+                k_raw[rows, cols], k_norm, c.rms_norm_eps, cos, sin
+            )
+            v_cache[inst.layer, slots[rows], group, pos] = v_raw[rows, cols]
+
     def _attn_partial(self, inst: Instruction) -> None:
-        q_buf, k_cache, v_cache, positions, slots = (self.buf(i) for i in inst.inputs)
+        q_buf, k_cache, v_cache, positions, slots, k_new, v_new, qk_norm_w, inv_freq = (
+            self.buf(i) for i in inst.inputs
+        )
         part_out, part_lse = (self.buf(i) for i in inst.outputs)
         group = inst.args[0]
         c = self.c
+        d, g_size = c.head_dim, c.group_size
         rows = range(*row_range(inst.args, 1, c.batch_size))
-        heads = slice(group * c.group_size, (group + 1) * c.group_size)
+        heads = slice(group * g_size, (group + 1) * g_size)
         # A region of one partition passes attn_out (rows, heads x head_dim) as part_out: same layout, its dtype.
         final = part_out.dim() == 2
-        cols = slice(heads.start * c.head_dim, heads.stop * c.head_dim)
+        cols = slice(heads.start * d, heads.stop * d)
         lengths = (positions + inst.step + 1).tolist()
         if max(lengths) > min(c.num_partitions * c.partition_tokens, k_cache.shape[3]):
             raise ValueError(
                 f"a row attends {max(lengths)} keys; the region covers {c.num_partitions} partitions "
                 f"x {c.partition_tokens} keys and the cache holds {k_cache.shape[3]} positions"
             )
+        fresh = k_new is not None  # split QKV: raw q, and the newest key/value from the raw projections
+        if fresh:
+            _, cos, sin = _rope_tables(positions, inst.step, inv_freq, q_buf.dtype)
+            q_norm, k_norm = (None, None) if qk_norm_w is None else (qk_norm_w[0], qk_norm_w[1])
+            kv_cols = slice(group * d, (group + 1) * d)
         slot_list = slots.tolist()
         for partition in range(inst.tile_start, inst.tile_stop):
             first = partition * c.partition_tokens
@@ -169,9 +210,20 @@ class _Machine:
                         part_out[row, group, partition] = 0.0
                     part_lse[row, group, partition] = float("-inf")
                     continue
-                q = q_buf[row, heads].float()  # (G, D)
-                keys = k_cache[inst.layer, slot, group, first:last].float()  # (n, D)
-                values = v_cache[inst.layer, slot, group, first:last].float()  # (n, D)
+                if fresh:
+                    raw_q = q_buf[row, cols].view(g_size, d)
+                    q = _norm_rope(raw_q, q_norm, c.rms_norm_eps, cos[row], sin[row]).float()  # (G, D)
+                    cached = min(last, length - 1)  # the newest position comes from k_new / v_new
+                    keys = k_cache[inst.layer, slot, group, first:cached].float()
+                    values = v_cache[inst.layer, slot, group, first:cached].float()
+                    if last == length:
+                        key = _norm_rope(k_new[row, kv_cols], k_norm, c.rms_norm_eps, cos[row], sin[row])
+                        keys = torch.cat((keys, key.to(k_cache.dtype).float()[None]))
+                        values = torch.cat((values, v_new[row, kv_cols].to(v_cache.dtype).float()[None]))
+                else:
+                    q = q_buf[row, heads].float()  # (G, D)
+                    keys = k_cache[inst.layer, slot, group, first:last].float()  # (n, D)
+                    values = v_cache[inst.layer, slot, group, first:last].float()  # (n, D)
                 scores = (q @ keys.T) * c.attn_scale  # (G, n)
                 peak = scores.amax(dim=-1, keepdim=True)
                 weights = torch.exp(scores - peak)

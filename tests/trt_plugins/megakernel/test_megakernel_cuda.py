@@ -152,6 +152,38 @@ def test_full_step_matches_vm_for_16_greedy_steps(rt, llama32, slots, lengths, d
     torch.testing.assert_close(gpu_v.cpu(), vm_cache.v, **_tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_split_qkv_matches_vm_over_steps(rt, llama32, dtype):
+    """TilingConfig.split_qkv (RMSNORM_LINEAR, ATTN_PARTIAL with k_new, KV_APPEND) on the kernel: bf16 takes the
+    grouped attention path, fp32 the general one; two micro-steps per launch (the second reads the key the
+    first one's KV_APPEND wrote), 7-key partitions so that the newest key falls inside or at the start of one.
+    Logits, tokens and both caches follow the VM for 6 launches."""
+    model = llama32 if dtype == torch.float32 else _tiny_llama(dtype)
+    slots, lengths = CASES[2]
+    batch = len(slots)
+    vm_cache = _cache(model, slots, lengths, seed=3)
+    gpu_k, gpu_v = vm_cache.k.to(DEVICE), vm_cache.v.to(DEVICE)
+    region = _compile(model, RegionSpec.full_step(2), batch, tiling=dataclasses.replace(TILING, split_qkv=True))
+    assert any(i.opcode is Opcode.KV_APPEND for i in region.program.instructions)
+    launch = rt.CudaProgram(region.program)
+    tokens = torch.randint(0, model.config.vocab_size, (batch,), generator=torch.Generator().manual_seed(5))
+    gpu_tokens = tokens.clone()
+    for _ in range(6):
+        vm_out = run_program(region.program, {**llama_decode_inputs(region, vm_cache, slots, tokens), **_greedy(batch)})
+        bound = _to_cuda({**llama_decode_inputs(region, vm_cache, slots, gpu_tokens), **_greedy(batch)})
+        bound["k_cache"], bound["v_cache"] = gpu_k, gpu_v
+        gpu_out = launch.bind(bound).launch()
+        for slot in slots:
+            vm_cache.lengths[slot] += 2
+        for name in ("s0.logits", "s1.logits"):
+            torch.testing.assert_close(gpu_out[name].cpu(), vm_out[name], **_tol(dtype))
+        for name in ("s0.tokens", "s1.tokens"):
+            assert torch.equal(gpu_out[name].cpu(), vm_out[name]), name
+        tokens, gpu_tokens = vm_out["s1.tokens"], gpu_out["s1.tokens"].cpu()
+    torch.testing.assert_close(gpu_k.cpu(), vm_cache.k, **_tol(dtype))
+    torch.testing.assert_close(gpu_v.cpu(), vm_cache.v, **_tol(dtype))
+
+
 def test_rows_longer_than_one_staging_chunk(rt):
     """intermediate 8196: the down projection stages at most 5 batch rows at a time (192 KiB of fp32), so
     batch 7 takes two passes over each weight row; the bf16 weights take the scalar (K % 8 != 0) path."""
@@ -305,8 +337,10 @@ def test_unsatisfiable_wait_and_bad_token_are_reported(rt):
         launch.check_error()
 
 
-@pytest.mark.parametrize("batch, same_width", [(1, False), (2, True), (7, False)])
-def test_code_predictor_loop_matches_vm(rt, batch, same_width):
+@pytest.mark.parametrize(
+    "batch, same_width, split_qkv", [(1, False, False), (2, True, False), (7, False, False), (7, False, True)]
+)
+def test_code_predictor_loop_matches_vm(rt, batch, same_width, split_qkv):
     from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
     from tilevox.models.qwen3_tts.loader import preset_config_dict, randomize_network_
     from tilevox.models.qwen3_tts.talker import Talker
@@ -321,7 +355,9 @@ def test_code_predictor_loop_matches_vm(rt, batch, same_width):
     gen = torch.Generator().manual_seed(batch)
     hidden = torch.randn(batch, talker.config.transformer.hidden_size, generator=gen)
     code0 = talker.embed_codec(torch.randint(0, talker.config.num_audio_codes, (batch,), generator=gen))
-    tiling = TilingConfig(matvec_rows=20, lm_head_rows=12, heads_per_qkv_tile=3, partition_tokens=3)
+    tiling = TilingConfig(
+        matvec_rows=20, lm_head_rows=12, heads_per_qkv_tile=3, partition_tokens=3, split_qkv=split_qkv
+    )
     region = compile_region(predictor, RegionSpec.code_predictor_loop(), batch_size=batch, tiling=tiling, num_sms=5)
     params = [
         SamplingParams.greedy() if b % 2 == 0 else SamplingParams(temperature=0.8, top_k=20, top_p=0.9)

@@ -240,7 +240,7 @@ def test_split_kv_attention_equals_softmax_attention(partition_tokens, tile, row
             tile_start=p,
             tile_stop=min(p + tile, num_partitions),
             args=(g, r0, r1),
-            inputs=(0, 1, 2, 3, 4),
+            inputs=(0, 1, 2, 3, 4, NO_ID, NO_ID, NO_ID, NO_ID),
             outputs=(5, 6),
             signal=0,
         )

@@ -83,10 +83,10 @@
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_Q_BUF 0
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_K_CACHE 1
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_V_CACHE 2
-/* ATTN_PARTIAL: for kv group `group` and batch rows [row_start, row_stop), keys [partition*partition_tokens, +partition_tokens) clipped to each row's length positions[b]+step+1: softmax-normalised partial output and its log-sum-exp (-inf if empty); in a region of one partition, part_out is attn_out (same layout, its dtype) and no ATTN_REDUCE follows
+/* ATTN_PARTIAL: for kv group `group` and batch rows [row_start, row_stop), keys [partition*partition_tokens, +partition_tokens) clipped to each row's length positions[b]+step+1: softmax-normalised partial output and its log-sum-exp (-inf if empty); in a region of one partition, part_out is attn_out (same layout, its dtype) and no ATTN_REDUCE follows. With k_new (split QKV), q_buf holds the raw queries (B, heads x head_dim) and the newest key is not read from the cache: q and k_new[b, group] get RMSNORM_QKV_ROPE_APPEND's per-head norm (qk_norm_w, NO_ID: none) and rope, v_new[b, group] is used as it is, both rounded to the cache dtype, so the cache is read at positions below positions[b]+step only (KV_APPEND writes the newest off the critical path)
  *   tile: kv partitions
  *   args: [0] group, [1] row_start, [2] row_stop
- *   inputs: [0] q_buf, [1] k_cache, [2] v_cache, [3] positions, [4] slots
+ *   inputs: [0] q_buf, [1] k_cache, [2] v_cache, [3] positions, [4] slots, [5] k_new, [6] v_new, [7] qk_norm_w, [8] inv_freq
  *   outputs: [0] part_out, [1] part_lse
  */
 #define TILEVOX_MK_OP_ATTN_PARTIAL 4
@@ -98,6 +98,10 @@
 #define TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE 2
 #define TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS 3
 #define TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS 4
+#define TILEVOX_MK_ATTN_PARTIAL_IN_K_NEW 5
+#define TILEVOX_MK_ATTN_PARTIAL_IN_V_NEW 6
+#define TILEVOX_MK_ATTN_PARTIAL_IN_QK_NORM_W 7
+#define TILEVOX_MK_ATTN_PARTIAL_IN_INV_FREQ 8
 #define TILEVOX_MK_ATTN_PARTIAL_OUT_PART_OUT 0
 #define TILEVOX_MK_ATTN_PARTIAL_OUT_PART_LSE 1
 /* ATTN_REDUCE: attn_out[b, heads of group] = sum_p exp(lse_p - lse) * part_out_p over the group's partitions, for batch rows b in [row_start, row_stop)
@@ -186,6 +190,33 @@
 #define TILEVOX_MK_CROSS_ATTN_IN_TEXT_LENGTHS 3
 #define TILEVOX_MK_CROSS_ATTN_IN_SLOTS 4
 #define TILEVOX_MK_CROSS_ATTN_OUT_ATTN_OUT 0
+/* RMSNORM_LINEAR: xn = rmsnorm(x) * ln_w; y[b, r] = xn . w[r] (split QKV: a layer's raw q, k or v projection, cut into balanced row tiles; the per-head norms and rope follow in ATTN_PARTIAL and KV_APPEND)
+ *   tile: output features
+ *   inputs: [0] x, [1] ln_w, [2] w
+ *   outputs: [0] y
+ */
+#define TILEVOX_MK_OP_RMSNORM_LINEAR 12
+#define TILEVOX_MK_RMSNORM_LINEAR_IN_X 0
+#define TILEVOX_MK_RMSNORM_LINEAR_IN_LN_W 1
+#define TILEVOX_MK_RMSNORM_LINEAR_IN_W 2
+#define TILEVOX_MK_RMSNORM_LINEAR_OUT_Y 0
+/* KV_APPEND: split QKV: for kv groups g in the tile and batch rows [row_start, row_stop), k = rope(rmsnorm(k_raw[b, g]) * qk_norm_w[1]) (norm skipped when qk_norm_w is NO_ID) at positions[b]+step -> k_cache[layer, slots[b], g, positions[b]+step], v_raw[b, g] -> v_cache there (RMSNORM_QKV_ROPE_APPEND's k and v)
+ *   tile: kv groups
+ *   args: [0] row_start, [1] row_stop
+ *   inputs: [0] k_raw, [1] v_raw, [2] qk_norm_w, [3] inv_freq, [4] positions, [5] slots
+ *   outputs: [0] k_cache, [1] v_cache
+ */
+#define TILEVOX_MK_OP_KV_APPEND 13
+#define TILEVOX_MK_KV_APPEND_ARG_ROW_START 0
+#define TILEVOX_MK_KV_APPEND_ARG_ROW_STOP 1
+#define TILEVOX_MK_KV_APPEND_IN_K_RAW 0
+#define TILEVOX_MK_KV_APPEND_IN_V_RAW 1
+#define TILEVOX_MK_KV_APPEND_IN_QK_NORM_W 2
+#define TILEVOX_MK_KV_APPEND_IN_INV_FREQ 3
+#define TILEVOX_MK_KV_APPEND_IN_POSITIONS 4
+#define TILEVOX_MK_KV_APPEND_IN_SLOTS 5
+#define TILEVOX_MK_KV_APPEND_OUT_K_CACHE 0
+#define TILEVOX_MK_KV_APPEND_OUT_V_CACHE 1
 
 /* Buffer kinds and element types of the buffer table. */
 #define TILEVOX_MK_BUFFER_WEIGHT 0

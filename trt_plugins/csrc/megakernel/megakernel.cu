@@ -24,9 +24,9 @@
 // memory, whose L1 lines the weight stream evicts).
 // Files: this one holds the interpreter loop and the launcher; common.cuh (limits, buffers, loads/stores,
 // reductions, errors), matvec.cuh (the matrix-vector core), deps.cuh (counter waits, watchdog),
-// row_chunks.cuh, and one file per instruction under ops/ (the VM has one method per instruction). They
-// are included into this one translation unit, in the order below (the split left the compiled cubin
-// byte for byte unchanged).
+// head_rope.cuh (per-head norm and rope), row_chunks.cuh, and one file per instruction under ops/ (the VM has
+// one method per instruction). They are included into this one translation unit, in the order below (the
+// split left the compiled cubin byte for byte unchanged).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -44,11 +44,14 @@ namespace {
 #include "common.cuh"
 #include "matvec.cuh"
 #include "deps.cuh"
+#include "head_rope.cuh"
 // Opcodes, one file each (ops/): each returns false after raising an error (the caller stops the block).
 #include "ops/embed.cuh"
 #include "row_chunks.cuh"
 #include "ops/linear_bias.cuh"
 #include "ops/rmsnorm_qkv_rope_append.cuh"
+#include "ops/rmsnorm_linear.cuh"
+#include "ops/kv_append.cuh"
 #include "ops/attn_partial.cuh"
 #include "ops/attn_reduce.cuh"
 #include "ops/cross_attn.cuh"
@@ -136,6 +139,12 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(const __grid_constant_
         break;
       case TILEVOX_MK_OP_RMSNORM_QKV_ROPE_APPEND:
         ok = op_qkv(c, inst, xs, extra);
+        break;
+      case TILEVOX_MK_OP_RMSNORM_LINEAR:
+        ok = op_rmsnorm_linear(c, inst, xs);
+        break;
+      case TILEVOX_MK_OP_KV_APPEND:
+        ok = op_kv_append(c, inst, extra);
         break;
       case TILEVOX_MK_OP_ATTN_PARTIAL:
         ok = op_attn_partial(c, inst, extra, xs);

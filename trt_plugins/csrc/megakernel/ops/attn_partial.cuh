@@ -39,9 +39,75 @@ __device__ __forceinline__ float dot_q_key(const float* q, const Buf& kc, int64_
 constexpr int kMaxGroup = 8;
 constexpr int kGroupedQFloats = 1024;  // per warp: G x D staged queries (8 warps x 1024 = kExtraFloats)
 
-__device__ __forceinline__ bool attn_grouped_eligible(const Buf& kc, const Buf& vc, int G, int D) {
+// fresh (split QKV): the newest key and value follow the queries in the warp's staging area.
+__device__ __forceinline__ bool attn_grouped_eligible(const Buf& kc, const Buf& vc, int G, int D, bool fresh) {
   return kc.dt == BF16 && vc.dt == BF16 && D % 8 == 0 && 32 % (D / 8) == 0 && G <= kMaxGroup &&
-         G * D <= kGroupedQFloats;
+         (G + (fresh ? 2 : 0)) * D <= kGroupedQFloats;
+}
+
+// Split QKV (ATTN_PARTIAL with k_new): the operands a warp computes itself instead of reading them from q_buf and
+// the cache. Queries of `heads` heads from raw q (B, H x D) at head `head0`, each through norm_rope_head (qk_norm_w
+// row 0), into q (heads x D floats, shared memory); with kn / vn, the newest key (row 1) and value of kv group
+// `group` rounded to the caches' dtypes.
+struct Fresh {
+  Buf k_new, v_new, qkn, inv_freq;
+  bool on, has_qkn;
+};
+
+__device__ __forceinline__ Fresh fresh_of(const Ctx& c, const int* inst) {
+  const int* in = ins_of(inst);
+  Fresh f;
+  f.on = in[TILEVOX_MK_ATTN_PARTIAL_IN_K_NEW] >= 0;
+  f.has_qkn = in[TILEVOX_MK_ATTN_PARTIAL_IN_QK_NORM_W] >= 0;
+  f.k_new = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_NEW]);
+  f.v_new = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_NEW]);
+  f.qkn = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_QK_NORM_W]);
+  f.inv_freq = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_INV_FREQ]);
+  return f;
+}
+
+__device__ __noinline__ void fresh_queries(const Ctx& c, const Fresh& f, const Buf& qb, int b, int head0, int heads,
+                                              int64_t pos, float* q) {
+  const int lane = threadIdx.x & 31, D = c.prm.head_dim, H = c.prm.num_heads;
+  for (int h = 0; h < heads; ++h) {
+    float* qh = q + h * D;
+    for (int d = lane; d < D; d += 32) qh[d] = ld_act(qb, ((int64_t)b * H + head0 + h) * D + d);
+    __syncwarp();
+    float outv[TILEVOX_MK_MAX_HEAD_DIM / 32];
+    norm_rope_head(qh, f.qkn, f.has_qkn, 0, f.inv_freq, pos, D, qb.dt, c.prm.rms_norm_eps, outv);
+    for (int j = 0, d = lane; d < D; d += 32, ++j) qh[d] = outv[j];
+    __syncwarp();
+  }
+}
+
+__device__ __noinline__ void fresh_key_value(const Ctx& c, const Fresh& f, const Buf& kc, const Buf& vc, int b,
+                                                int group, int64_t pos, float* kn, float* vn) {
+  const int lane = threadIdx.x & 31, D = c.prm.head_dim;
+  const int64_t src = (int64_t)b * f.k_new.dims[1] + (int64_t)group * D;
+  for (int d = lane; d < D; d += 32) {
+    kn[d] = ld_act(f.k_new, src + d);
+    vn[d] = rnd(ld_act(f.v_new, src + d), vc.dt);
+  }
+  __syncwarp();
+  float outv[TILEVOX_MK_MAX_HEAD_DIM / 32];
+  norm_rope_head(kn, f.qkn, f.has_qkn, 1, f.inv_freq, pos, D, f.k_new.dt, c.prm.rms_norm_eps, outv);
+  for (int j = 0, d = lane; d < D; d += 32, ++j) kn[d] = rnd(outv[j], kc.dt);
+  __syncwarp();
+}
+
+// One more key in a warp's online softmax (m, l warp-uniform): returns its weight e relative to the new maximum
+// and the factor corr that rescales what was accumulated before; m and l are updated.
+__device__ __forceinline__ void online_key(const float* q, const float* kn, int D, float scale, float& m, float& l,
+                                           float& corr, float& e) {
+  const int lane = threadIdx.x & 31;
+  float dot = 0.f;
+  for (int d = lane; d < D; d += 32) dot += q[d] * kn[d];
+  const float s = warp_sum(dot) * scale;
+  const float m_new = fmaxf(m, s);
+  corr = expf(m - m_new);  // 0 when nothing was accumulated (m = -inf)
+  e = expf(s - m_new);
+  l = l * corr + e;
+  m = m_new;
 }
 
 // Build-time switch (see common.cuh's A/B switches): TILEVOX_MK_ATTN_SPLIT 1 (default) = when an instruction has
@@ -56,6 +122,9 @@ __device__ __forceinline__ bool attn_grouped_eligible(const Buf& kc, const Buf& 
 
 // The split's per-warp (m, l, acc) rows live in the staging area xs, unused by attention.
 static_assert(kWarps * kMaxGroup * (2 + TILEVOX_MK_MAX_HEAD_DIM) <= kXsFloats, "split attention scratch overflows xs");
+// Per-warp staging in the extra area: the grouped queries, or the general path's query, newest key and value.
+static_assert(kWarps * kGroupedQFloats <= kExtraFloats && 3 * TILEVOX_MK_MAX_HEAD_DIM <= kGroupedQFloats,
+              "attention staging overflows the extra area");
 
 // One warp's online-softmax state over some rounds of one item, for the G <= GM heads of a kv group: after
 // grouped_rounds, acc holds this lane's 8 value dims [8cc, 8cc + 8), summed over the lanes of one cc
@@ -175,6 +244,22 @@ __device__ __forceinline__ void grouped_rounds(GroupedState<GM>& st, const float
   }
 }
 
+// The newest key and value (split QKV) added to a warp's state after grouped_rounds (acc already summed over kk).
+template <int GM>
+__device__ __forceinline__ void grouped_new_key(GroupedState<GM>& st, const float* q, const float* kn, const float* vn,
+                                                int G, int D, float scale) {
+  const int cc = (threadIdx.x & 31) % (D / 8);
+#pragma unroll
+  for (int h = 0; h < GM; ++h) {
+    if (h < G) {
+      float corr, e;
+      online_key(q + h * D, kn, D, scale, st.m[h], st.l[h], corr, e);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) st.acc[h][j] = st.acc[h][j] * corr + e * vn[cc * 8 + j];
+    }
+  }
+}
+
 template <int VMAX, int GM>
 __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, float* q_smem, float* split_smem,
                                                   int r0, int r1) {
@@ -190,7 +275,8 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = c.prm.attn_scale;
   const int cpr = D / 8, kk0 = lane / cpr, cc = lane % cpr;
-  float* q = q_smem + warp * kGroupedQFloats;  // (G, D)
+  float* q = q_smem + warp * kGroupedQFloats;  // (G, D), then split QKV's newest key and value (D each)
+  const Fresh fr = fresh_of(c, inst);
   const int t_start = inst[TILEVOX_MK_FIELD_TILE_START], t_stop = inst[TILEVOX_MK_FIELD_TILE_STOP];
   const int items = (r1 - r0) * (t_stop - t_start);
   const int rounds = (PT + 31) / 32;
@@ -209,6 +295,9 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
       continue;
     }
     const int64_t last = min(first + PT, length);
+    // Split QKV: the newest position (length - 1) comes from k_new / v_new, the cache only below it.
+    const bool has_new = fr.on && last == length;
+    const int64_t cached = has_new ? last - 1 : last;
     if (last <= first) {
       if (!split || warp == 0) {
         for (int idx = lane; idx < G * D; idx += 32) st(po, base_bp * G * D + idx, 0.f);
@@ -221,7 +310,10 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
       continue;
     }
     __syncwarp();
-    if (qb.dt == BF16 && (G * D) % 8 == 0) {  // 16-byte loads, all in flight at once
+    if (fr.on) {
+      fresh_queries(c, fr, qb, b, group * G, G, length - 1, q);
+      if (has_new && (!split || warp == 0)) fresh_key_value(c, fr, kc, vc, b, group, length - 1, q + G * D, q + (G + 1) * D);
+    } else if (qb.dt == BF16 && (G * D) % 8 == 0) {  // 16-byte loads, all in flight at once
       const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(qb.p) +
                                                         ((int64_t)b * H + group * G) * D);
       for (int i8 = lane; i8 < G * D / 8; i8 += 32) {
@@ -241,7 +333,8 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
     const uint4* keys = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(kc.p) + cache_base);
     const unsigned short* vals = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + cc * 8;
     GroupedState<GM> gs;
-    grouped_rounds<VMAX, GM>(gs, q, keys, vals, first, last, split ? warp : 0, split ? kWarps : 1, G, D, scale);
+    grouped_rounds<VMAX, GM>(gs, q, keys, vals, first, cached, split ? warp : 0, split ? kWarps : 1, G, D, scale);
+    if (has_new && (!split || warp == 0)) grouped_new_key<GM>(gs, q, q + G * D, q + (G + 1) * D, G, D, scale);
     if (!split) {
 #pragma unroll
       for (int h = 0; h < GM; ++h) {
@@ -304,15 +397,17 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
   const float scale = c.prm.attn_scale;
   int r0, r1;
   if (!row_range(c, inst, TILEVOX_MK_ATTN_PARTIAL_ARG_ROW_START, B, r0, r1)) return false;
-  float* q = q_smem + warp * TILEVOX_MK_MAX_HEAD_DIM;
+  float* q = q_smem + warp * kGroupedQFloats;  // D floats, then split QKV's newest key and value (D each)
+  float *kn = q + TILEVOX_MK_MAX_HEAD_DIM, *vn = kn + TILEVOX_MK_MAX_HEAD_DIM;
   constexpr int kPer = TILEVOX_MK_MAX_HEAD_DIM / 32;
   // bf16 values with D / 8 dividing 32: lane (kk, cc) accumulates 8 dims [8cc, 8cc + 8) over keys
   // kk, kk + kpl, ... of each 32-key round with 16-byte loads, all in flight at once; the lanes of one
   // cc are summed at the end (the online-softmax rescale is linear, so it commutes with that sum).
   const bool vec_v = vc.dt == BF16 && D % 8 == 0 && 32 % (D / 8) == 0;
   const int cpr = vec_v ? D / 8 : 1, kpl = 32 / cpr, kk0 = lane / cpr, cc = lane % cpr;
+  const Fresh fr = fresh_of(c, inst);
   if (!wait_deps(c, inst)) return false;
-  if (attn_grouped_eligible(kc, vc, G, D)) {
+  if (attn_grouped_eligible(kc, vc, G, D, fr.on)) {
     // Register arrays sized for the head dim (value pieces) and the group (accumulators), so that the common
     // shapes do not spill: Llama-1B (D 64, G 4), Qwen3-TTS (D 128, G 2).
     if (D <= 64) {
@@ -347,6 +442,7 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
         continue;
       }
       const int64_t last = min(first + PT, length);
+      const bool has_new = fr.on && last == length;  // split QKV: the newest position from k_new / v_new
       if (last <= first) {
         for (int d = lane; d < D; d += 32) st(po, out_base + d, 0.f);
         if (lane == 0) st(pl, lse_idx, -INFINITY);
@@ -359,16 +455,22 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
       }
       const int head = group * G + i;
       __syncwarp();
-      for (int d = lane; d < D; d += 32) q[d] = ld_act(qb, ((int64_t)b * H + head) * D + d);
-      __syncwarp();
+      if (fr.on) {
+        fresh_queries(c, fr, qb, b, head, 1, length - 1, q);
+        if (has_new) fresh_key_value(c, fr, kc, vc, b, group, length - 1, kn, vn);
+      } else {
+        for (int d = lane; d < D; d += 32) q[d] = ld_act(qb, ((int64_t)b * H + head) * D + d);
+        __syncwarp();
+      }
       float acc[kPer];
 #pragma unroll
       for (int j = 0; j < kPer; ++j) acc[j] = 0.f;  // kPer >= 8: acc[0..8) are the vec_v lane's dims
       const int64_t cache_base = (((int64_t)layer * c_slots + slot) * c_heads + group) * c_len * D;
       float m = -INFINITY, l = 0.f;
-      for (int64_t t0 = first; t0 < last; t0 += 32) {
+      const int64_t cached = has_new ? last - 1 : last;
+      for (int64_t t0 = first; t0 < cached; t0 += 32) {
         const int64_t t = t0 + lane;
-        const bool valid = t < last;
+        const bool valid = t < cached;
         const float s = valid ? dot_q_key(q, kc, cache_base + t * D, D) * scale : -INFINITY;
         const float m_new = fmaxf(m, warp_max(s));  // finite: key t0 is valid
         const float corr = expf(m - m_new);
@@ -376,7 +478,7 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
         l = l * corr + warp_sum(e);
 #pragma unroll
         for (int j = 0; j < kPer; ++j) acc[j] *= corr;
-        const int nk = (int)min((int64_t)32, last - t0);
+        const int nk = (int)min((int64_t)32, cached - t0);
         if (vec_v) {
           const unsigned short* vr = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + t0 * D + cc * 8;
 #pragma unroll 8
@@ -418,10 +520,20 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
         }
         m = m_new;
       }
-      if (vec_v) {
+      if (vec_v)
         for (int off = cpr; off < 32; off <<= 1)
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], off);
+      if (has_new) {
+        float corr, e;
+        online_key(q, kn, D, scale, m, l, corr, e);
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          const int d = vec_v ? cc * 8 + j : lane + 32 * j;
+          if ((!vec_v || j < 8) && d < D) acc[j] = acc[j] * corr + e * vn[d];
+        }
+      }
+      if (vec_v) {
         if (kk0 == 0)
 #pragma unroll
           for (int j = 0; j < 8; ++j) st(po, out_base + cc * 8 + j, acc[j] / l);

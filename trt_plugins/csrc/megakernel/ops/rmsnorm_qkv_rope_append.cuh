@@ -46,28 +46,8 @@ TILEVOX_MK_OP bool op_qkv(const Ctx c, const int* inst, float* xs, float* hb) {
         float* h = hb + ci * D;
         const int64_t pos = ld_int(positions, b) + step;
         if (hs <= G) {  // q or k: optional per-head rmsnorm, then rope
-          if (has_qkn) {
-            float ss = 0.f;
-            for (int d = lane; d < D; d += 32) ss += h[d] * h[d];
-            ss = warp_sum(ss);
-            const float scale = 1.0f / sqrtf(ss / (float)D + eps);
-            const int row = hs < G ? 0 : 1;
-            const int prod_dt = qkn.dt == x.dt ? x.dt : F32;
-            float tmp[TILEVOX_MK_MAX_HEAD_DIM / 32];
-            for (int j = 0, d = lane; d < D; d += 32, ++j)
-              tmp[j] = rnd(ld_w(qkn, (int64_t)row * D + d) * rnd(h[d] * scale, x.dt), prod_dt);
-            __syncwarp();
-            for (int j = 0, d = lane; d < D; d += 32, ++j) h[d] = tmp[j];
-            __syncwarp();
-          }
           float outv[TILEVOX_MK_MAX_HEAD_DIM / 32];
-          const int half = D / 2;
-          for (int j = 0, d = lane; d < D; d += 32, ++j) {
-            const float f = (float)pos * ld_w(inv_freq, d % half);
-            const float cs = rnd(cosf(f), x.dt), sn = rnd(sinf(f), x.dt);
-            const float rot = d < half ? -h[d + half] : h[d - half];
-            outv[j] = rnd(rnd(h[d] * cs, x.dt) + rnd(rot * sn, x.dt), x.dt);
-          }
+          norm_rope_head(h, qkn, has_qkn, hs < G ? 0 : 1, inv_freq, pos, D, x.dt, eps, outv);
           if (hs < G) {
             const int head = group * G + hs;
             for (int j = 0, d = lane; d < D; d += 32, ++j) st(qb, ((int64_t)b * H + head) * D + d, outv[j]);

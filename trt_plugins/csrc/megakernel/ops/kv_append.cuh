@@ -1,0 +1,42 @@
+// ops/kv_append.cuh: KV_APPEND: split QKV's newest key (per-head norm, rope) and value into the caches.
+// Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
+#pragma once
+
+// One warp per (kv group, batch row): the raw key through norm_rope_head (qk_norm_w row 1), the raw value as it is.
+TILEVOX_MK_OP bool op_kv_append(const Ctx c, const int* inst, float* hb) {
+  const int* in = ins_of(inst);
+  const Buf kr = get_buf(c, in[TILEVOX_MK_KV_APPEND_IN_K_RAW]), vr = get_buf(c, in[TILEVOX_MK_KV_APPEND_IN_V_RAW]),
+            qkn = get_buf(c, in[TILEVOX_MK_KV_APPEND_IN_QK_NORM_W]), inv_freq = get_buf(c, in[TILEVOX_MK_KV_APPEND_IN_INV_FREQ]),
+            positions = get_buf(c, in[TILEVOX_MK_KV_APPEND_IN_POSITIONS]), slots = get_buf(c, in[TILEVOX_MK_KV_APPEND_IN_SLOTS]);
+  const bool has_qkn = in[TILEVOX_MK_KV_APPEND_IN_QK_NORM_W] >= 0;
+  const Buf kc = get_buf(c, outs_of(inst)[TILEVOX_MK_KV_APPEND_OUT_K_CACHE]), vc = get_buf(c, outs_of(inst)[TILEVOX_MK_KV_APPEND_OUT_V_CACHE]);
+  const int layer = inst[TILEVOX_MK_FIELD_LAYER], step = inst[TILEVOX_MK_FIELD_STEP];
+  const int D = c.prm.head_dim, B = c.prm.batch_size;
+  const int64_t width = kr.dims[1];  // kv heads x D
+  const int64_t c_slots = kc.dims[1], c_heads = kc.dims[2], c_len = kc.dims[3];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int r0, r1;
+  if (!row_range(c, inst, TILEVOX_MK_KV_APPEND_ARG_ROW_START, B, r0, r1)) return false;
+  if (!wait_deps(c, inst)) return false;
+  float* h = hb + warp * TILEVOX_MK_MAX_HEAD_DIM;
+  const int g0 = inst[TILEVOX_MK_FIELD_TILE_START], groups = inst[TILEVOX_MK_FIELD_TILE_STOP] - g0;
+  for (int item = warp; item < groups * (r1 - r0); item += kWarps) {
+    const int g = g0 + item / (r1 - r0), b = r0 + item % (r1 - r0);
+    const int64_t pos = ld_int(positions, b) + step, slot = ld_int(slots, b);
+    if (slot < 0 || slot >= c_slots || pos < 0 || pos >= c_len || g >= c_heads || (int64_t)(g + 1) * D > width) {
+      if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)pos, (int)c_len);
+      continue;
+    }
+    const int64_t src = (int64_t)b * width + (int64_t)g * D;
+    const int64_t base = ((((int64_t)layer * c_slots + slot) * c_heads + g) * c_len + pos) * D;
+    for (int d = lane; d < D; d += 32) {
+      st(vc, base + d, ld_act(vr, src + d));
+      h[d] = ld_act(kr, src + d);
+    }
+    __syncwarp();
+    float outv[TILEVOX_MK_MAX_HEAD_DIM / 32];
+    norm_rope_head(h, qkn, has_qkn, 1, inv_freq, pos, D, kr.dt, c.prm.rms_norm_eps, outv);
+    for (int j = 0, d = lane; d < D; d += 32, ++j) st(kc, base + d, outv[j]);
+  }
+  return true;
+}
