@@ -50,6 +50,7 @@ TILINGS: dict[str, list[str]] = {
     "plain": ["--sm-balanced", "off", "--attn-rows", "0"],  # the tiling before 2026-12-06 (16-row tiles, all rows)
     "balanced": ["--sm-balanced", "on", "--attn-rows", "0"],
     "attn4": ["--attn-rows", "4"],
+    "attn8": ["--attn-rows", "8"],
     "attn16": ["--attn-rows", "16"],
     "onepart": ["--reduce-single-partition", "off"],  # one-partition regions without ATTN_REDUCE
     "split": ["--split-qkv", "on"],  # balanced q/k/v tiles; norms and rope in ATTN_PARTIAL, KV_APPEND beside it
