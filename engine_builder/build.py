@@ -43,7 +43,7 @@ from tilevox.engine_builder.composition import (
 from tilevox.engine_builder.plan import BucketPlan, Plan, PlanError, Provenance
 from tilevox.engine_builder.profile import region_times, step_time_ms, this_machine
 from tilevox.engine_builder.profile_cache import ProfileCache, model_signature
-from tilevox.engine_builder.regions import region_compiler
+from tilevox.engine_builder.regions import TilingConfig, region_compiler
 from tilevox.executor.dispatch import BucketDispatch
 from tilevox.executor.graphs import GRAPH_BACKENDS, GraphOptions, install_graph_regions
 from tilevox.executor.megakernel import BackendOptions, MegakernelUnavailable, make_backend
@@ -54,6 +54,7 @@ __all__ = [
     "apply_plan",
     "build_plan",
     "install_composition",
+    "megakernel_tiling",
     "profile_cache_for",
     "whole_region_compositions",
 ]
@@ -111,6 +112,14 @@ def _with_compiler(options: BackendOptions | None) -> BackendOptions:
     return options if options.compiler is not None else dataclasses.replace(options, compiler=region_compiler())
 
 
+def megakernel_tiling(options: BackendOptions | None) -> TilingConfig | None:
+    """The tiling the megakernel backends of `options` compile with (None: a compiler that does not say)."""
+    compiler = _with_compiler(options).compiler
+    if not hasattr(compiler, "tiling"):
+        return None
+    return compiler.tiling or TilingConfig()
+
+
 def build_plan(
     model,
     model_id: str,
@@ -131,6 +140,14 @@ def build_plan(
     (see `profile_cache_for`), a measurement stored by an earlier build of the same model on the same machine
     is reused instead of run again; new ones are added (the caller saves the cache)."""
     megakernel = _with_compiler(megakernel)
+    tiling = megakernel_tiling(megakernel)
+    # A measurement that ran a megakernel is keyed by the tiling it was compiled with as well (a cache entry
+    # from before the tiling was recorded matches none).
+    mk_key = {"tiling": None if tiling is None else tiling.to_dict()}
+
+    def keyed(backend: Backend) -> dict:
+        return mk_key if backend is Backend.MEGAKERNEL else {}
+
     batches = sorted(set(batches))
     if not batches or batches[0] < 1:
         raise ValueError(f"batches must be positive, got {batches}")
@@ -153,7 +170,9 @@ def build_plan(
         # A backend whose every bucket is in the cache is not even installed (no megakernel compile).
         cached = (
             {
-                batch: cache.get("regions", backend=backend.value, batch=batch, warmup=warmup, steps=steps)
+                batch: cache.get(
+                    "regions", backend=backend.value, batch=batch, warmup=warmup, steps=steps, **keyed(backend)
+                )
                 for batch in batches
             }
             if cache is not None
@@ -195,7 +214,8 @@ def build_plan(
                     if backend is Backend.MEGAKERNEL and installed[name].num_conventional_calls > fallbacks[name]:
                         times[name] = math.inf  # some calls ran the conventional path (reason logged)
                 if cache is not None:
-                    cache.put("regions", times, backend=backend.value, batch=batch, warmup=warmup, steps=steps)
+                    what = {"backend": backend.value, "batch": batch, "warmup": warmup, "steps": steps}
+                    cache.put("regions", times, **what, **keyed(backend))
             if anchors:
                 hit = cached_anchor[batch]
                 if hit is not None:
@@ -253,18 +273,17 @@ def build_plan(
                 if progress is not None:
                     progress(f"measuring {candidate.composition.label()} at {batch} streams")
                 label = candidate.composition.label()
-                hit = (
-                    cache.get("step", composition=label, batch=batch, warmup=warmup, steps=steps)
-                    if cache is not None
-                    else None
-                )
+                runs_mk = any(p.backend is Backend.MEGAKERNEL for p in candidate.composition.pieces)
+                what = {"composition": label, "batch": batch, "warmup": warmup, "steps": steps}
+                what.update(mk_key if runs_mk else {})
+                hit = cache.get("step", **what) if cache is not None else None
                 if hit is not None:
                     step_ms = hit["step"]
                 else:
                     install_composition(model, candidate.composition, megakernel, made)
                     step_ms = step_time_ms(model, batch, warmup=warmup, steps=steps)
                     if cache is not None:
-                        cache.put("step", {"step": step_ms}, composition=label, batch=batch, warmup=warmup, steps=steps)
+                        cache.put("step", {"step": step_ms}, **what)
                 row["measured_step_ms"] = step_ms
                 row["prediction_error"] = row["predicted_step_ms"] / step_ms - 1.0
                 measured_steps.append(step_ms)
@@ -274,7 +293,14 @@ def build_plan(
         buckets.append(BucketPlan.best_of(batch, ranked))
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     provenance = this_machine(model.device, commit=commit, profile_date=now)
-    plan = Plan(model=model_id, provenance=provenance, layout=layout, buckets=tuple(buckets))
+    recorded = tiling if Backend.MEGAKERNEL in profiled else None
+    plan = Plan(
+        model=model_id,
+        provenance=provenance,
+        layout=layout,
+        buckets=tuple(buckets),
+        tiling=None if recorded is None else recorded.to_dict(),
+    )
     plan.validate()
     return BuildResult(
         plan=plan, measured_ms=measured, anchor_ms=anchor_ms, ranked=ranked_report, unavailable=unavailable
@@ -283,7 +309,8 @@ def build_plan(
 
 def profile_cache_for(model, model_id: str, path: Path | None) -> ProfileCache:
     """The profile cache at `path` (None: in memory only) for `model` on this machine: entries match only the
-    same GPU, driver, kernel library, torch version, model id, dtype and parameter shapes."""
+    same GPU, driver, kernel library, torch version, model id, dtype and parameter shapes (build_plan adds the
+    megakernel tiling to the key of every measurement that ran a megakernel)."""
     machine = this_machine(model.device, commit="", profile_date="")
     dtype = next(p.dtype for m in model.torch_modules() for p in m.parameters())
     context = {
@@ -307,8 +334,13 @@ def apply_plan(
 ) -> dict[str, BucketDispatch]:
     """Make `model` follow `plan`: per decoder region, a dispatcher over the backends its buckets chose
     (a call above the largest bucket runs that bucket's choice), and the executor's graphs for the executor
-    regions. Raises PlanError for a plan of another layout or one with layer splits (not runnable yet)."""
-    graphs, megakernel = graphs or GraphOptions(), _with_compiler(megakernel)
+    regions. Megakernel pieces are compiled with the plan's tiling where it records one (its predictions were
+    measured with it), else with `megakernel`'s compiler. Raises PlanError for a plan of another layout or one
+    with layer splits (not runnable yet)."""
+    graphs, megakernel = graphs or GraphOptions(), megakernel or BackendOptions()
+    if plan.tiling is not None:
+        megakernel = dataclasses.replace(megakernel, compiler=region_compiler(TilingConfig.from_dict(plan.tiling)))
+    megakernel = _with_compiler(megakernel)
     layout = model_layout(model)
     if tuple(plan.layout) != layout:
         raise PlanError(f"the plan's regions {[r.name for r in plan.layout]} do not match this model's {layout}")

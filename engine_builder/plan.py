@@ -4,7 +4,8 @@ A plan is a build artefact (JSON, `FORMAT` versioned) with provenance: the GPU, 
 hash, commit and profile date it was measured under. `load_plan` checks the schema and every composition
 against the model's region layout, and refuses a plan whose provenance does not match the machine it is
 loaded on (a plan measured elsewhere predicts nothing here). `Plan.bucket_for(batch)` is the plan of the
-smallest bucket that holds `batch` streams. Imports: stdlib, engine_builder.composition.
+smallest bucket that holds `batch` streams; `tiling`, the megakernel tiling the plan was measured with.
+Imports: stdlib, engine_builder.composition, engine_builder.regions.spec.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from tilevox.engine_builder.composition import Composition, Ranked, RegionLayout
+from tilevox.engine_builder.regions.spec import TilingConfig
 
 __all__ = ["FORMAT", "MATCHED_BY_DEFAULT", "BucketPlan", "Plan", "PlanError", "Provenance", "load_plan", "save_plan"]
 
@@ -80,6 +83,10 @@ class Plan:
     provenance: Provenance
     layout: tuple[RegionLayout, ...]
     buckets: tuple[BucketPlan, ...]
+    # The region compiler's tiling the megakernel pieces were measured with (TilingConfig.to_dict); apply_plan
+    # compiles them with it, whatever today's defaults are. None: not recorded (plans before 2026-12-06, or a
+    # build without the megakernel), so the caller's compiler decides.
+    tiling: Mapping[str, Any] | None = None
 
     def validate(self) -> None:
         if not self.buckets:
@@ -108,6 +115,7 @@ class Plan:
             "provenance": asdict(self.provenance),
             "layout": [asdict(r) for r in self.layout],
             "buckets": [b.to_dict() for b in self.buckets],
+            **({} if self.tiling is None else {"tiling": dict(self.tiling)}),
         }
 
     @classmethod
@@ -127,7 +135,10 @@ class Plan:
                 )
                 for b in data["buckets"]
             )
-            plan = cls(model=str(data["model"]), provenance=provenance, layout=layout, buckets=buckets)
+            tiling = data.get("tiling")
+            if tiling is not None:
+                tiling = TilingConfig.from_dict(tiling).to_dict()
+            plan = cls(model=str(data["model"]), provenance=provenance, layout=layout, buckets=buckets, tiling=tiling)
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"malformed plan: {type(exc).__name__}: {exc}") from None
         plan.validate()

@@ -3,8 +3,8 @@
 Like TensorRT's timing cache, an entry is keyed by everything that changes the number: the machine
 (GPU, driver, kernel library hash, torch version), the model (its id, dtype and a signature of its
 parameters' names, shapes and dtypes, so a checkpoint with another config never matches), what was
-measured (one backend's per-region times, or one composition's whole step) and how (batch, warm-up and
-timed steps). A hit returns the stored milliseconds; a miss measures and stores. The file is JSON
+measured (one backend's per-region times, or one composition's whole step; for a measurement that ran a
+megakernel, the region compiler's tiling too) and how (batch, warm-up and timed steps). A hit returns the stored milliseconds; a miss measures and stores. The file is JSON
 (`tilevox.profile_cache/1`), written atomically; an unreadable file or another format is an error, not
 an empty cache (delete it, or build with `--profile-cache none`). Imports: standard library, torch.
 """

@@ -144,6 +144,17 @@ def _add_model_options(p) -> None:
         choices=["cuda", "vm"],
         help="cuda: the CUDA kernel (Hopper); vm: its pure-PyTorch interpreter (slow; for checking)",
     )
+    _add_tiling_arg(p)
+
+
+def _add_tiling_arg(p) -> None:
+    p.add_argument(
+        "--megakernel-tiling",
+        default="",
+        metavar="NAME=VALUE,...",
+        help="region compiler tiling overrides (engine_builder.regions.TilingConfig fields, `on`/`off` for "
+        "switches), e.g. split_qkv=on,attn_rows=16; a --plan brings the tiling it was built with instead",
+    )
 
 
 def _decode_mode(args: argparse.Namespace) -> str | None:
@@ -238,7 +249,19 @@ def _megakernel_options(args: argparse.Namespace):
     from tilevox.engine_builder.regions import region_compiler
     from tilevox.executor.megakernel import BackendOptions, Executor
 
-    return BackendOptions(executor=Executor(args.megakernel_executor), compiler=region_compiler())
+    return BackendOptions(executor=Executor(args.megakernel_executor), compiler=region_compiler(_tiling(args)))
+
+
+def _tiling(args: argparse.Namespace):
+    """--megakernel-tiling as a TilingConfig (None: the defaults)."""
+    from tilevox.engine_builder.regions import TilingConfig
+
+    if not args.megakernel_tiling.strip():
+        return None
+    try:
+        return TilingConfig.parse(args.megakernel_tiling)
+    except ValueError as exc:
+        raise CommandError(f"--megakernel-tiling: {exc}") from None
 
 
 def _graph_options(args: argparse.Namespace):
@@ -258,6 +281,10 @@ def _install_plan(model, args: argparse.Namespace, device: str) -> bool:
     if args.cuda_graphs == "off":
         raise CommandError("--plan runs through the executor: it needs --cuda-graphs on or auto")
     plan = load_plan(args.plan, here=provenance_here(torch.device(device)))
+    if plan.tiling is not None and args.megakernel_tiling.strip():
+        raise CommandError(
+            "--plan compiles its megakernel regions with the tiling it was built with: leave --megakernel-tiling out"
+        )
     dispatchers = apply_plan(
         model,
         plan,
@@ -754,6 +781,7 @@ def _add_build(subparsers) -> None:
         help="backends to profile, comma separated: graph, compiled, megakernel",
     )
     p.add_argument("--megakernel-executor", default="cuda", choices=["cuda", "vm"])
+    _add_tiling_arg(p)
     p.add_argument("--warmup", type=int, default=4, help="untimed steps per measurement")
     p.add_argument(
         "--steps", type=int, default=10, help="timed steps per measurement (10: two of Llasa's 5-frame audio blocks)"

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, NH_DECODER_STEP, TALKER_STEP
@@ -156,7 +157,55 @@ class TilingConfig:
         if self.partition_tokens is not None and self.partition_tokens < 1:
             raise ValueError(f"partition_tokens must be >= 1, got {self.partition_tokens}")
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TilingConfig:
+        """The tiling of `data` (to_dict's form); fields it lacks take today's defaults. ValueError for a field
+        this version does not know or a value of the wrong type."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"unknown tiling fields {unknown}; known: {', '.join(known)}")
+        for name, value in data.items():
+            if name in _BOOL_FIELDS:
+                ok, kind = isinstance(value, bool), "bool"
+            else:
+                optional = "None" in str(known[name].type)
+                ok = (value is None and optional) or (isinstance(value, int) and not isinstance(value, bool))
+                kind = "int or None" if optional else "int"
+            if not ok:
+                raise ValueError(f"tiling field {name}: {value!r} is not a {kind}")
+        return cls(**data)
+
+    @classmethod
+    def parse(cls, text: str, base: TilingConfig | None = None) -> TilingConfig:
+        """`base` (None: the defaults) with `text`'s overrides, `name=value` pairs separated by commas (`on` /
+        `off` for switches, `none` for an unset size), e.g. `split_qkv=on,attn_rows=16`."""
+        data = (base or cls()).to_dict()
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            name, sep, value = item.partition("=")
+            name, value = name.strip(), value.strip().lower()
+            if not sep or name not in data:
+                raise ValueError(f"tiling override {item!r}: expected name=value with a name of {', '.join(data)}")
+            if name in _BOOL_FIELDS:
+                if value not in ("on", "off", "true", "false", "1", "0"):
+                    raise ValueError(f"tiling override {item!r}: {name} takes on or off")
+                data[name] = value in ("on", "true", "1")
+            elif value == "none":
+                data[name] = None
+            else:
+                try:
+                    data[name] = int(value)
+                except ValueError:
+                    raise ValueError(f"tiling override {item!r}: {name} takes an integer") from None
+        return cls.from_dict(data)
+
     def resolve_partition_tokens(self, max_context: int) -> int:
         if self.partition_tokens is not None:
             return self.partition_tokens
         return max(self.min_partition_tokens, math.ceil(max_context / self.max_partitions))
+
+
+_BOOL_FIELDS = frozenset(f.name for f in fields(TilingConfig) if f.type in ("bool", bool))

@@ -202,6 +202,25 @@ def test_a_plan_from_elsewhere_or_broken_is_refused(tmp_path):
         load_plan(path)
 
 
+def test_a_plan_carries_its_tiling_and_refuses_one_this_version_cannot_compile(tmp_path):
+    """A plan's megakernel tiling round-trips; one without (older plans) loads with none; an unknown field or
+    a value of the wrong type is a malformed plan."""
+    import dataclasses
+
+    from tilevox.engine_builder.regions import TilingConfig
+
+    plan, path = _plan(tmp_path)
+    assert plan.tiling is None and "tiling" not in json.loads(path.read_text())
+    tiled = dataclasses.replace(plan, tiling=TilingConfig(split_qkv=True, attn_rows=8).to_dict())
+    save_plan(tiled, path)
+    assert load_plan(path).tiling == tiled.tiling
+    data = json.loads(path.read_text())
+    for broken in ({"split_qkv": 1}, {"warp_specialised": True}, {"matvec_rows": None}):
+        path.write_text(json.dumps({**data, "tiling": {**data["tiling"], **broken}}))
+        with pytest.raises(PlanError, match="malformed plan: ValueError: .*tiling"):
+            load_plan(path)
+
+
 def test_the_layout_comes_from_what_the_models_declare():
     from tilevox.engine_builder.composition import model_layout
     from tilevox.models.llasa.loader import load_preset as load_llasa

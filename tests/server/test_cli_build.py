@@ -232,6 +232,64 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     assert main([*argv, "--profile-cache", "none"]) == 0  # measures afresh, keeps nothing
 
 
+def test_the_plan_records_its_megakernel_tiling_and_the_cache_keys_on_it(tmp_path, monkeypatch, capsys):
+    """`--megakernel-tiling` compiles the megakernel regions with those overrides; the plan records the tiling
+    and `--plan` compiles with it (not with today's defaults, and not with another --megakernel-tiling); a
+    rebuild with another tiling measures the megakernel again and reuses the graph's measurements."""
+    import tilevox.engine_builder.build as build
+    from tilevox.engine_builder.regions import TilingConfig
+
+    calls = {"regions": [], "step": 0}
+
+    def fake_region_times(model, batch, **_):
+        on_megakernel = type(model.talker_step_backend).__name__.startswith("Megakernel")
+        calls["regions"].append("megakernel" if on_megakernel else "graph")
+        return {"talker_step": 2.0 if on_megakernel else 3.0, "code_predictor_loop": 5.0 if on_megakernel else 4.0}
+
+    def fake_step_time_ms(model, batch, **_):
+        calls["step"] += 1
+        return 7.0 + batch
+
+    monkeypatch.setattr(build, "region_times", fake_region_times)
+    monkeypatch.setattr(build, "step_time_ms", fake_step_time_ms)
+    out = tmp_path / "build"
+    argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1"]
+    argv += ["--megakernel-executor", "vm", "--warmup", "0", "--steps", "1", "--out", str(out)]
+    assert main(argv) == 0
+    assert json.loads((out / "plan.json").read_text())["tiling"] == TilingConfig().to_dict()
+    assert calls == {"regions": ["graph", "megakernel"], "step": 1}
+    calls.update(regions=[], step=0)
+    assert main([*argv, "--megakernel-tiling", "split_qkv=on,attn_rows=2"]) == 0
+    assert calls == {"regions": ["megakernel"], "step": 0}  # the graph's times and the anchor from the cache
+    plan = load_plan(out / "plan.json")
+    assert plan.tiling == TilingConfig(split_qkv=True, attn_rows=2).to_dict()
+
+    compiled_with = []
+    real_region_compiler = build.region_compiler
+
+    def recording_region_compiler(tiling=None):
+        compiled_with.append(tiling)
+        return real_region_compiler(tiling)
+
+    monkeypatch.setattr(build, "region_compiler", recording_region_compiler)
+    apply_plan(_tiny_qwen(), plan, megakernel=BackendOptions(executor=Executor.VM))
+    assert compiled_with == [TilingConfig(split_qkv=True, attn_rows=2)]
+    wav = tmp_path / "x.wav"
+    synth = ["synth", "--model", "random:qwen3-tts-tiny", "--text", "Hi", "--out", str(wav), "--max-duration", "0.2"]
+    synth += ["--plan", str(out / "plan.json"), "--megakernel-executor", "vm", "--quiet"]
+    assert main([*synth, "--megakernel-tiling", "split_qkv=off"]) == 2
+    assert "leave --megakernel-tiling out" in capsys.readouterr().err
+    assert main([*argv, "--megakernel-tiling", "split_qkv=maybe"]) == 2
+    assert "--megakernel-tiling: tiling override 'split_qkv=maybe'" in capsys.readouterr().err
+
+
+def _tiny_qwen():
+    """A tiny Qwen3-TTS model on CPU (the layout the build above planned)."""
+    from tilevox.models.registry import load_model
+
+    return load_model("random:qwen3-tts-tiny", device="cpu", dtype=torch.float32)
+
+
 def test_the_model_signature_tells_configs_apart():
     from tilevox.engine_builder.profile_cache import model_signature
 
