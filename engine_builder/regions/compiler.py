@@ -381,7 +381,7 @@ def _split_qkv(
     mats = [("k_raw", wk, kv_heads * d), ("v_raw", wv, kv_heads * d)]
     if full:  # a layer that only appends (the predictor's micro-step 0, last layer) needs no queries
         mats.insert(0, ("q_raw", wq, c.num_heads * d))
-    per_tile = b.rows_per_tile(sum(rows for _, _, rows in mats), b.tiling.matvec_rows)
+    per_tile = b.rows_per_tile(sum(rows for _, _, rows in mats), tiling.matvec_rows)
     raw, records = {}, []
     for name, weight, rows in mats:
         raw[name] = b.act(tag + name, rows)
