@@ -779,9 +779,10 @@ def export_plan(
 ) -> list[Path]:
     """Write `<out_dir>/<region>_b<batch>.onnx` for each region of each bucket of `plan` (the backend the bucket
     chose: megakernel -> a MegakernelRegion node, graph/compiled -> standard ops; a conventional
-    code_predictor_loop is greedy only, see export_code_predictor_loop). Returns the files written.
-    OnnxLoweringError for a region this module does not lower or a region the plan cuts (checked for every
-    piece before anything is written)."""
+    code_predictor_loop is greedy only, see export_code_predictor_loop). Megakernel regions are compiled with
+    the tiling the plan was measured with where it records one (`tiling`, if given, must equal it), else with
+    `tiling`. Returns the files written. OnnxLoweringError for a region this module does not lower, a region
+    the plan cuts (checked for every piece before anything is written) or a tiling other than the plan's."""
     pieces = [(bucket.batch, piece) for bucket in plan.buckets for piece in bucket.composition.pieces]
     for batch, piece in pieces:
         if piece.first_layer != 0 or not piece.head:
@@ -790,6 +791,11 @@ def export_plan(
             raise OnnxLoweringError(
                 f"region {piece.region} has no ONNX lowering yet (covered: {', '.join(lowerable_regions())})"
             )
+    if plan.tiling is not None:
+        recorded = TilingConfig.from_dict(plan.tiling)
+        if tiling is not None and tiling != recorded:
+            raise OnnxLoweringError(f"the plan was measured with tiling {recorded}, not {tiling}")
+        tiling = recorded
     written = []
     for batch, piece in pieces:
         step = export_region(

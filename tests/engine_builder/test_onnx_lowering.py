@@ -130,7 +130,9 @@ def test_megakernel_node_attributes_round_trip_to_the_program(tiny_llama):
 
 def test_unsupported_regions_and_cuts_are_refused(tiny_llama):
     def plan(piece):
-        return SimpleNamespace(buckets=[SimpleNamespace(batch=1, composition=SimpleNamespace(pieces=[piece]))])
+        return SimpleNamespace(
+            buckets=[SimpleNamespace(batch=1, composition=SimpleNamespace(pieces=[piece]))], tiling=None
+        )
 
     model = SimpleNamespace(max_streams=2, max_seq_len=8)
     codec = Piece(region="codec_decode", first_layer=0, stop_layer=1, head=True, backend=Backend.GRAPH)
@@ -143,6 +145,42 @@ def test_unsupported_regions_and_cuts_are_refused(tiny_llama):
         export_decoder_step(tiny_llama, batch=5, cache=CACHE, megakernel=False)
     with pytest.raises(OnnxLoweringError, match="qwen3_tts_talker networks; got a llama network"):
         export_talker_step(tiny_llama, batch=1, cache=CACHE, megakernel=False)
+
+
+def test_megakernel_nodes_take_the_tiling_the_plan_was_measured_with(tmp_path):
+    """A plan recording split_qkv lowers its megakernel region with it (KV_APPEND in the node's program, the
+    same program as export_region with that tiling); another explicit tiling is refused."""
+    from tilevox.engine_builder.build import provenance_here
+    from tilevox.engine_builder.composition import Composition, model_layout
+    from tilevox.engine_builder.onnx_lowering import export_region
+    from tilevox.engine_builder.plan import BucketPlan, Plan
+    from tilevox.engine_builder.regions import TilingConfig
+    from tilevox.models.llasa.loader import load_preset as load_llasa
+    from tilevox.trt_plugins.megakernel import Opcode
+
+    model = load_llasa("llama-tiny", device="cpu", dtype=torch.float32, max_streams=4)
+    (layout,) = model_layout(model)
+    tiling = TilingConfig(split_qkv=True, attn_rows=2)
+    piece = Piece(
+        region=layout.name, first_layer=0, stop_layer=layout.num_layers, head=True, backend=Backend.MEGAKERNEL
+    )
+    bucket = BucketPlan(
+        batch=2, composition=Composition((piece,)), predicted_step_s=1e-3, predicted_ttfa_s=2e-3, num_candidates=2
+    )
+    provenance = provenance_here(torch.device("cpu"))
+    plan = Plan(
+        model="random:llama-tiny", provenance=provenance, layout=(layout,), buckets=(bucket,), tiling=tiling.to_dict()
+    )
+    (path,) = export_plan(model, plan, tmp_path)
+    (node,) = onnx.load(str(path)).graph.node
+    decoded = program_from_attributes(_attrs(node))
+    assert Opcode.KV_APPEND in {inst.opcode for inst in decoded.instructions}
+    (direct,) = export_region(model, layout.name, batch=2, megakernel=True, tiling=tiling).graph.node
+    assert pack_program(decoded).keys() == pack_program(program_from_attributes(_attrs(direct))).keys()
+    for name, words in pack_program(program_from_attributes(_attrs(direct))).items():
+        assert pack_program(decoded)[name].numpy().tobytes() == words.numpy().tobytes(), name
+    with pytest.raises(OnnxLoweringError, match="measured with tiling"):
+        export_plan(model, plan, tmp_path, tiling=TilingConfig())
 
 
 def test_build_onnx_writes_each_bucket(tmp_path, capsys):
