@@ -152,19 +152,36 @@ def test_full_step_matches_vm_for_16_greedy_steps(rt, llama32, slots, lengths, d
     torch.testing.assert_close(gpu_v.cpu(), vm_cache.v, **_tol(dtype))
 
 
+# Tilings that are off by default until these tests have run on a GPU (TilingConfig's fields), over the awkward
+# TILING: balanced matrix-vector tiles, one partition without ATTN_REDUCE (7 -> 72-key partitions), split QKV
+# (RMSNORM_LINEAR, ATTN_PARTIAL with k_new, KV_APPEND), and all of them together.
+TILINGS = {
+    "balanced": {"sm_balanced": True},
+    "onepart": {"partition_tokens": CACHE_LEN, "reduce_single_partition": False},
+    "split": {"split_qkv": True},
+    "all": {"sm_balanced": True, "partition_tokens": CACHE_LEN, "reduce_single_partition": False, "split_qkv": True},
+}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_split_qkv_matches_vm_over_steps(rt, llama32, dtype):
-    """TilingConfig.split_qkv (RMSNORM_LINEAR, ATTN_PARTIAL with k_new, KV_APPEND) on the kernel: bf16 takes the
-    grouped attention path, fp32 the general one; two micro-steps per launch (the second reads the key the
-    first one's KV_APPEND wrote), 7-key partitions so that the newest key falls inside or at the start of one.
-    Logits, tokens and both caches follow the VM for 6 launches."""
+@pytest.mark.parametrize("tiling_name", list(TILINGS))
+def test_tilings_match_vm_over_steps(rt, llama32, dtype, tiling_name):
+    """Each tiling of TILINGS on the kernel: bf16 takes the grouped attention path, fp32 the general one; two
+    micro-steps per launch (with split QKV the second reads the key the first one's KV_APPEND wrote), 7-key
+    partitions put the newest key inside or at the start of one. Logits, tokens and both caches follow the VM
+    for 6 launches."""
     model = llama32 if dtype == torch.float32 else _tiny_llama(dtype)
     slots, lengths = CASES[2]
     batch = len(slots)
     vm_cache = _cache(model, slots, lengths, seed=3)
     gpu_k, gpu_v = vm_cache.k.to(DEVICE), vm_cache.v.to(DEVICE)
-    region = _compile(model, RegionSpec.full_step(2), batch, tiling=dataclasses.replace(TILING, split_qkv=True))
-    assert any(i.opcode is Opcode.KV_APPEND for i in region.program.instructions)
+    tiling = dataclasses.replace(TILING, **TILINGS[tiling_name])
+    region = _compile(model, RegionSpec.full_step(2), batch, tiling=tiling)
+    opcodes = {i.opcode for i in region.program.instructions}
+    assert (Opcode.KV_APPEND in opcodes) == tiling.split_qkv
+    one_partition = region.program.constants.num_partitions == 1
+    assert (Opcode.ATTN_REDUCE in opcodes) == (tiling.reduce_single_partition or not one_partition)
+    assert one_partition == (tiling.partition_tokens == CACHE_LEN)
     launch = rt.CudaProgram(region.program)
     tokens = torch.randint(0, model.config.vocab_size, (batch,), generator=torch.Generator().manual_seed(5))
     gpu_tokens = tokens.clone()
@@ -337,10 +354,34 @@ def test_unsatisfiable_wait_and_bad_token_are_reported(rt):
         launch.check_error()
 
 
+# The predictor attends at most 17 positions: default partitions (64 keys) make it one partition.
+PREDICTOR_TILINGS = {
+    "plain": {},
+    "split": {"split_qkv": True},
+    "onepart": {"partition_tokens": None, "reduce_single_partition": False},
+    "all": {
+        "partition_tokens": None,
+        "reduce_single_partition": False,
+        "split_qkv": True,
+        "sm_balanced": True,
+        "attn_rows": 2,
+    },
+}
+
+
 @pytest.mark.parametrize(
-    "batch, same_width, split_qkv", [(1, False, False), (2, True, False), (7, False, False), (7, False, True)]
+    "batch, same_width, tiling_name",
+    [
+        (1, False, "plain"),
+        (2, True, "plain"),
+        (7, False, "plain"),
+        (7, False, "split"),
+        (7, False, "onepart"),
+        (7, False, "all"),
+        (1, True, "all"),
+    ],
 )
-def test_code_predictor_loop_matches_vm(rt, batch, same_width, split_qkv):
+def test_code_predictor_loop_matches_vm(rt, batch, same_width, tiling_name):
     from tilevox.models.qwen3_tts.config import Qwen3TTSConfig
     from tilevox.models.qwen3_tts.loader import preset_config_dict, randomize_network_
     from tilevox.models.qwen3_tts.talker import Talker
@@ -355,9 +396,8 @@ def test_code_predictor_loop_matches_vm(rt, batch, same_width, split_qkv):
     gen = torch.Generator().manual_seed(batch)
     hidden = torch.randn(batch, talker.config.transformer.hidden_size, generator=gen)
     code0 = talker.embed_codec(torch.randint(0, talker.config.num_audio_codes, (batch,), generator=gen))
-    tiling = TilingConfig(
-        matvec_rows=20, lm_head_rows=12, heads_per_qkv_tile=3, partition_tokens=3, split_qkv=split_qkv
-    )
+    tiling = TilingConfig(matvec_rows=20, lm_head_rows=12, heads_per_qkv_tile=3, partition_tokens=3)
+    tiling = dataclasses.replace(tiling, **PREDICTOR_TILINGS[tiling_name])
     region = compile_region(predictor, RegionSpec.code_predictor_loop(), batch_size=batch, tiling=tiling, num_sms=5)
     params = [
         SamplingParams.greedy() if b % 2 == 0 else SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
