@@ -28,10 +28,11 @@ from benchmarks.megakernel_variants import TILINGS
 from tilevox.engine_builder.regions.compiler import compile_region
 from tilevox.engine_builder.regions.cost import calibrated
 from tilevox.engine_builder.regions.schedule import simulate
-from tilevox.engine_builder.regions.spec import RegionSpec
+from tilevox.engine_builder.regions.spec import RegionSpec, region_spec
+from tilevox.models.region_backends import TALKER_STEP
 from tilevox.models.registry import meta_regions
 
-MODELS = ("llama-1b", "qwen3-tts-0.6b-predictor")
+MODELS = ("llama-1b", "qwen3-tts-0.6b-talker", "qwen3-tts-0.6b-predictor")
 
 
 def tiling_of(base, names: str):
@@ -49,6 +50,9 @@ def tiling_of(base, names: str):
 def _predict(model: str, tiling, batch: int, context: int, max_context: int, device) -> float:
     if model == "llama-1b":
         region, spec = meta_regions("llama-1b", dtype=torch.bfloat16)["decoder_step"], RegionSpec.full_step(1)
+        extra = {"max_context": max_context, "cost_context": context + 1}
+    elif model == "qwen3-tts-0.6b-talker":  # one talker step at the profile's context, its codec head included
+        region, spec = meta_regions("qwen3-tts-0.6b", dtype=torch.bfloat16)["talker_step"], region_spec(TALKER_STEP)
         extra = {"max_context": max_context, "cost_context": context + 1}
     else:  # one Qwen3-TTS-0.6B frame's code-predictor loop (its own 17-position context)
         region = meta_regions("qwen3-tts-0.6b", dtype=torch.bfloat16)["code_predictor_loop"]

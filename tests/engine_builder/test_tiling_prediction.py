@@ -39,3 +39,10 @@ def test_split_qkv_is_predicted_faster_for_the_qwen_predictor(tmp_path):
     for batch in (1, 32):
         assert 0 < ms[(batch, "split")] < ms[(batch, "balanced")]
     assert report["tilings"]["split"]["split_qkv"] is True and report["gpu"].startswith("NVIDIA H100")
+
+
+def test_unknown_models_are_refused(capsys):
+    argv = ["--profile", str(PROFILE), "--tilings", "split", "--models", "qwen3-tts-0.6b-talker,llama-70b"]
+    with pytest.raises(SystemExit):
+        tiling_prediction.main(argv)
+    assert "unknown models ['llama-70b']" in capsys.readouterr().err
