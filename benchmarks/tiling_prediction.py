@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 from pathlib import Path
 
@@ -47,16 +48,21 @@ def tiling_of(base, names: str):
     return tiling
 
 
-def _predict(model: str, tiling, batch: int, context: int, max_context: int, device) -> float:
+@functools.cache
+def _region(model: str) -> tuple[torch.nn.Module, RegionSpec, bool]:
+    """(meta-device region, its spec, whether it attends the profile's context) of one of MODELS."""
     if model == "llama-1b":
-        region, spec = meta_regions("llama-1b", dtype=torch.bfloat16)["decoder_step"], RegionSpec.full_step(1)
-        extra = {"max_context": max_context, "cost_context": context + 1}
-    elif model == "qwen3-tts-0.6b-talker":  # one talker step at the profile's context, its codec head included
-        region, spec = meta_regions("qwen3-tts-0.6b", dtype=torch.bfloat16)["talker_step"], region_spec(TALKER_STEP)
-        extra = {"max_context": max_context, "cost_context": context + 1}
-    else:  # one Qwen3-TTS-0.6B frame's code-predictor loop (its own 17-position context)
-        region = meta_regions("qwen3-tts-0.6b", dtype=torch.bfloat16)["code_predictor_loop"]
-        spec, extra = RegionSpec.code_predictor_loop(), {}
+        return meta_regions("llama-1b", dtype=torch.bfloat16)["decoder_step"], RegionSpec.full_step(1), True
+    regions = meta_regions("qwen3-tts-0.6b", dtype=torch.bfloat16)
+    if model == "qwen3-tts-0.6b-talker":  # one talker step at the profile's context, its codec head included
+        return regions["talker_step"], region_spec(TALKER_STEP), True
+    # one Qwen3-TTS-0.6B frame's code-predictor loop (its own 17-position context)
+    return regions["code_predictor_loop"], RegionSpec.code_predictor_loop(), False
+
+
+def _predict(model: str, tiling, batch: int, context: int, max_context: int, device) -> float:
+    region, spec, at_context = _region(model)
+    extra = {"max_context": max_context, "cost_context": context + 1} if at_context else {}
     compiled = compile_region(
         region, spec, batch_size=batch, tiling=tiling, num_sms=device.num_sms, device=device, **extra
     )
@@ -83,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if base is None:
         parser.error(f"no datasheet constants for {fit['device']!r}; known: {sorted(BASES)}")
     base = dataclasses.replace(base, num_sms=fit["num_sms"])
-    llama = meta_regions("llama-1b", dtype=torch.bfloat16)["decoder_step"]
+    llama = _region("llama-1b")[0]
     fitted_tiling = _tiling(fit["tiling"])
     try:
         tilings = {name: tiling_of(fitted_tiling, name) for name in args.tilings.split(",")}
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             "gpu": fit["device"],
             "fit": args.fit,
             "context": fit["context"],
-            "tilings": {name: dataclasses.asdict(t) for name, t in tilings.items()},
+            "tilings": {name: t.to_dict() for name, t in tilings.items()},
             "rows": rows,
             "table": "\n".join(table),
         }

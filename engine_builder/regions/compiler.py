@@ -128,45 +128,11 @@ class _Builder:
             self.instructions.append(Instruction(signal=counter, **record))
         return Wait(counter_id=counter, target=len(records))
 
-    def matvec_stage(
-        self,
-        opcode: Opcode,
-        *,
-        layer: int = NO_ID,
-        step: int,
-        rows: int,
-        tile_rows: int,
-        in_width: int,
-        inputs: tuple[int, ...],
-        outputs: tuple[int, ...],
-        waits: tuple[Wait, ...],
-        num_mats: int = 1,
-        norm: bool = False,
-        residual: bool = False,
-        bias: bool = False,
-        first_tile_extra_bytes: int = 0,
-    ) -> Wait:
-        """A stage of matrix-vector tiles over `rows` output features. Tile [r0, r1) reads num_mats x
-        (r1 - r0) weight rows of in_width (+ bias), the whole (B, in_width) input (+ a norm gain:
-        every tile recomputes the norm, as Hazy's kernel does), writes (B, r1 - r0), and with
-        `residual` also reads that slice of the residual stream."""
+    def matvec_stage(self, opcode: Opcode, *, rows: int, tile_rows: int, **record: Any) -> Wait:
+        """A stage of matrix-vector tiles over `rows` output features (matvec_records' tiles, `tile_rows` rows
+        each, or the balanced size: rows_per_tile)."""
         return self.stage(
-            self.matvec_records(
-                opcode,
-                layer=layer,
-                step=step,
-                rows=rows,
-                rows_per_tile=self.rows_per_tile(rows, tile_rows),
-                in_width=in_width,
-                inputs=inputs,
-                outputs=outputs,
-                waits=waits,
-                num_mats=num_mats,
-                norm=norm,
-                residual=residual,
-                bias=bias,
-                first_tile_extra_bytes=first_tile_extra_bytes,
-            )
+            self.matvec_records(opcode, rows=rows, rows_per_tile=self.rows_per_tile(rows, tile_rows), **record)
         )
 
     def matvec_records(
@@ -187,7 +153,10 @@ class _Builder:
         bias: bool = False,
         first_tile_extra_bytes: int = 0,
     ) -> list[dict[str, Any]]:
-        """The records of matvec_stage, tiles of `rows_per_tile` rows, for a stage of several matrices."""
+        """Matrix-vector tiles of `rows_per_tile` rows over `rows` output features (one stage may hold several
+        matrices' records). Tile [r0, r1) reads num_mats x (r1 - r0) weight rows of in_width (+ bias), the whole
+        (B, in_width) input (+ a norm gain: every tile recomputes the norm, as Hazy's kernel does), writes
+        (B, r1 - r0), and with `residual` also reads that slice of the residual stream."""
         batch, elt = self.c.batch_size, self.elt
         records = []
         for start, stop in _tiles(rows, rows_per_tile):

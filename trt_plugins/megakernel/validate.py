@@ -54,9 +54,6 @@ def footprint(inst: Instruction, program: Program) -> tuple[list[tuple[int, Box]
             writes.append((outs[1], kv_box))
         if inst.tile_start <= g_size + 1 < inst.tile_stop:
             writes.append((outs[2], kv_box))
-    elif op is Opcode.RMSNORM_LINEAR:
-        reads.append((ins[0], (rows, _ALL)))
-        writes.append((outs[0], (rows, tile)))
     elif op is Opcode.KV_APPEND:
         own = row_range(inst.args, 0, c.batch_size)
         cols = (inst.tile_start * c.head_dim, inst.tile_stop * c.head_dim)
@@ -98,7 +95,7 @@ def footprint(inst: Instruction, program: Program) -> tuple[list[tuple[int, Box]
     elif op in (Opcode.OPROJ_RESIDUAL, Opcode.DOWN_RESIDUAL):
         reads += [(ins[0], (rows, _ALL)), (ins[2], (rows, tile))]
         writes.append((outs[0], (rows, tile)))
-    elif op is Opcode.RMSNORM_GATEUP_SWIGLU:
+    elif op in (Opcode.RMSNORM_GATEUP_SWIGLU, Opcode.RMSNORM_LINEAR):
         reads.append((ins[0], (rows, _ALL)))
         writes.append((outs[0], (rows, tile)))
     elif op is Opcode.RMSNORM_LMHEAD:
