@@ -34,6 +34,10 @@ class ModelFamily(enum.Enum):
     # channels x vocab rows, cross-attention over per-row encoder keys/values in each layer; no on-device
     # sampling (guidance and the delay pattern pick on the host).
     NH_TTS = "nh_tts"
+    # A codec's decoder transformer (the Qwen3-TTS speech tokenizer's): a hidden state in through the input
+    # `projection` (with bias), layers with sliding-window attention and layer scales, final norm and the
+    # `output_projection` (with bias) out; no embeddings, heads or sampling.
+    QWEN3_TTS_CODEC = "qwen3_tts_codec"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +74,9 @@ class LayerWeights:
     w_up: torch.Tensor  # (I, hidden)
     w_down: torch.Tensor  # (hidden, I)
     cross: CrossAttentionWeights | None = None  # NH_TTS: every layer has one; others: None
+    # Layer scales (QWEN3_TTS_CODEC): x += attn_scale * attention, x += mlp_scale * mlp; None: none.
+    attn_layer_scale: torch.Tensor | None = None  # (hidden,)
+    mlp_layer_scale: torch.Tensor | None = None  # (hidden,)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +100,8 @@ class DecoderView:
     input_size: int  # width of the embeddings / hidden fed to the region (talker width for the predictor)
     attn_scale: float | None = None  # attention logit scale; None: head_dim ** -0.5 (Dia folds it in: 1)
     cross: CrossAttentionShape | None = None  # NH_TTS: the layers' cross-attention heads; others: None
+    sliding_window: int | None = None  # keys a query attends, itself included (QWEN3_TTS_CODEC); None: all
+    output_projection: tuple[torch.Tensor, torch.Tensor] | None = None  # (weight (out, hidden), bias (out,))
 
     @property
     def dtype(self) -> torch.dtype:

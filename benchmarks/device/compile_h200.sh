@@ -26,6 +26,8 @@
 #   mkbench NAME ARGS... --  benchmarks/megakernel_h200.py (megakernel vs conventional CUDA graph vs torch.compile per
 #                          model and batch) with ARGS, MKBENCH_TIMEOUT seconds at most (240)
 #   mkprofile NAME ARGS... --  benchmarks/megakernel_profile.py (per-opcode profile and critical path) with ARGS
+#   mkcodec NAME ARGS... --  benchmarks/megakernel_codec.py (the Qwen3-TTS codec transformer: megakernel region vs
+#                          its conventional step eager / CUDA graph / torch.compile, and the whole frame decode) with ARGS
 #   mkcorrect              the megakernel correctness matrix (benchmarks/megakernel_correctness.py, Llasa-1B shapes)
 #   mkcorrectx NAME ARGS... --  the same with extra flags (e.g. benchmarks.common's tiling flags: --split-qkv on)
 #   restore PATH... --     put these paths back to the landed commit first (a helper's unfinished edit in the copied
@@ -122,6 +124,11 @@ while [ $# -gt 0 ]; do
       timeout 240 python3 -m benchmarks.megakernel_profile --commit "${TILEVOX_COMMIT:-unknown}" --out "$OUT/$name.json" \
         "${extra[@]}" > "$OUT/$name.log" 2>&1
       echo "mkprofile $name rc $?"; grep -v "^ \{4\}" "$OUT/$name.log" | tail -30 ;;
+    mkcodec)  # mkcodec NAME ARGS... -- : benchmarks.megakernel_codec with ARGS (e.g. --batches 1,32 --split-qkv on)
+      name=$1; shift; extra=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift || true
+      timeout "${MKCODEC_TIMEOUT:-240}" python3 -m benchmarks.megakernel_codec --commit "${TILEVOX_COMMIT:-unknown}" \
+        --out "$OUT/$name.json" "${extra[@]}" > "$OUT/$name.log" 2>&1
+      echo "mkcodec $name rc $?"; grep -v "^ \|^V1\|^I1\|^W1" "$OUT/$name.log" | tail -12 ;;
     mkcorrect)
       timeout 150 python3 -m benchmarks.megakernel_correctness --commit "${TILEVOX_COMMIT:-unknown}" \
         --out "$OUT/megakernel_correctness.json" > "$OUT/correctness.log" 2>&1

@@ -151,12 +151,14 @@ class _Builder:
         norm: bool = False,
         residual: bool = False,
         bias: bool = False,
+        scale: bool = False,
         first_tile_extra_bytes: int = 0,
     ) -> list[dict[str, Any]]:
         """Matrix-vector tiles of `rows_per_tile` rows over `rows` output features (one stage may hold several
         matrices' records). Tile [r0, r1) reads num_mats x (r1 - r0) weight rows of in_width (+ bias), the whole
         (B, in_width) input (+ a norm gain: every tile recomputes the norm, as Hazy's kernel does), writes
-        (B, r1 - r0), and with `residual` also reads that slice of the residual stream."""
+        (B, r1 - r0), and with `residual` also reads that slice of the residual stream (with `scale`, and its
+        layer scale)."""
         batch, elt = self.c.batch_size, self.elt
         records = []
         for start, stop in _tiles(rows, rows_per_tile):
@@ -176,6 +178,7 @@ class _Builder:
                         batch * in_width * elt
                         + (in_width * elt if norm else 0)
                         + (2 if residual else 1) * batch * n * elt
+                        + (n * elt if scale else 0)
                         + (first_tile_extra_bytes if start == 0 else 0)
                     ),
                     "flops": 2 * num_mats * batch * n * in_width,
@@ -361,7 +364,7 @@ def _split_qkv(
             rows=rows,
             rows_per_tile=min(per_tile, rows),
             in_width=hidden,
-            inputs=(x_in, ln1, weight),
+            inputs=(x_in, ln1, weight, NO_ID),
             outputs=(raw[name],),
             waits=x_waits,
             norm=True,
@@ -486,6 +489,9 @@ def _attention_and_mlp(
             ]
         )
     wo = b.weight(prefix + "w_o", w.w_o)
+    attn_scale, mlp_scale = (
+        b.weight(prefix + n, t) for n, t in (("attn_layer_scale", w.attn_layer_scale), ("mlp_layer_scale", w.mlp_layer_scale))
+    )
     x_mid = b.act(tag + "x_mid", hidden)
     hd = c.num_heads * d
     oproj_wait = b.matvec_stage(
@@ -495,10 +501,11 @@ def _attention_and_mlp(
         rows=hidden,
         tile_rows=tiling.matvec_rows,
         in_width=hd,
-        inputs=(attn_out, wo, x_in),
+        inputs=(attn_out, wo, x_in, attn_scale),
         outputs=(x_mid,),
         waits=(attn_wait,),
         residual=True,
+        scale=attn_scale != NO_ID,
     )
     if w.cross is not None:
         x_mid, oproj_wait = _cross_attention(
@@ -535,10 +542,11 @@ def _attention_and_mlp(
         rows=hidden,
         tile_rows=tiling.matvec_rows,
         in_width=inter,
-        inputs=(h, wd, x_mid),
+        inputs=(h, wd, x_mid, mlp_scale),
         outputs=(x_out,),
         waits=(gateup_wait,),
         residual=True,
+        scale=mlp_scale != NO_ID,
     )
     return x_out, down_wait, tuple(qkv_waits)
 
@@ -603,7 +611,7 @@ def _cross_attention(
         rows=hidden,
         tile_rows=tiling.matvec_rows,
         in_width=width,
-        inputs=(attn, wo, x),
+        inputs=(attn, wo, x, NO_ID),
         outputs=(x_out,),
         waits=(attn_wait,),
         residual=True,
@@ -741,6 +749,12 @@ def compile_region(
     num_cache_slots, cross kv heads, cross_cache_len, cross head_dim): NhDecoderCache's cross_k / cross_v,
     read in place (default cross_cache_len: the view's max_text_len; the cost estimates assume full texts).
     NH_TTS regions end with the logits (`s0.logits`, channels x vocab per row): no on-device sampling.
+
+    A codec transformer (QWEN3_TTS_CODEC, one frame per row and launch) takes `x_in` (B, latent) through its
+    input projection when the region starts at layer 0, and with lm_head ends with the final norm and output
+    projection into `x_out` (B, latent). Its attention has a sliding window (the view's): max_context is the
+    window, and the caches hold a ring of it written twice (cache_len >= 2 x window; RegionConstants.window),
+    positions growing without bound.
     """
     tiling = TilingConfig() if tiling is None else tiling
     view = decoder_view(model)
@@ -761,6 +775,13 @@ def compile_region(
             raise ValueError("a CodePredictor compiles only as RegionSpec.code_predictor_loop()")
         if spec.embed_input and view.family is not ModelFamily.LLAMA:
             raise ValueError(f"embed_input needs a token-embedding model; {view.family.value} takes embeddings")
+        if view.sliding_window is not None:  # a row attends its last `sliding_window` positions at most
+            max_context = view.sliding_window if max_context is None else max_context
+            if max_context != view.sliding_window:
+                raise ValueError(
+                    f"a sliding-window network attends exactly its window of {view.sliding_window} keys at most; "
+                    f"got max_context {max_context}"
+                )
         if max_context is None or max_context < spec.num_steps:
             raise ValueError(f"max_context must be given and >= num_steps ({spec.num_steps}), got {max_context}")
         num_steps = spec.num_steps
@@ -769,10 +790,14 @@ def compile_region(
         if stop > view.num_layers:
             raise ValueError(f"stop_layer {stop} exceeds the model's {view.num_layers} layers")
     num_cache_slots = batch_size if num_cache_slots is None else num_cache_slots
-    cache_len = max_context if cache_len is None else cache_len
-    if num_cache_slots < batch_size or cache_len < max_context:
+    window = view.sliding_window or 0
+    # A sliding window's cache is a ring of `window` positions written twice (RegionConstants.window).
+    needed = 2 * window if window else max_context
+    cache_len = needed if cache_len is None else cache_len
+    if num_cache_slots < batch_size or cache_len < needed:
         raise ValueError(
-            f"the cache ({num_cache_slots} slots x {cache_len}) must hold {batch_size} rows x {max_context} positions"
+            f"the cache ({num_cache_slots} slots x {cache_len}) must hold {batch_size} rows x {needed} positions"
+            + (f" (a twice-written ring of the {window}-key window)" if window else "")
         )
     cross_cache_len = _check_cross(view, first, stop, cross_cache_len)
     partition_tokens = tiling.resolve_partition_tokens(max_context)
@@ -785,6 +810,7 @@ def compile_region(
         attn_scale=view.head_dim**-0.5 if view.attn_scale is None else view.attn_scale,
         partition_tokens=partition_tokens,
         num_partitions=math.ceil(max_context / partition_tokens),
+        window=window,
     )
     b = _Builder(view, constants, tiling, num_sms)
     for name in ("positions", "slots"):
@@ -833,8 +859,9 @@ def compile_region(
 
 
 def _samples(view: DecoderView) -> bool:
-    """Whether a region ending with the head samples on the device (NH_TTS: logits only)."""
-    return view.family is not ModelFamily.NH_TTS
+    """Whether a region ending with the head samples on the device (NH_TTS: logits only; a codec's head is
+    its output projection)."""
+    return view.family not in (ModelFamily.NH_TTS, ModelFamily.QWEN3_TTS_CODEC)
 
 
 def _check_cross(view: DecoderView, first: int, stop: int, cross_cache_len: int | None) -> int:
@@ -885,6 +912,10 @@ def _compile_decoder(
                 ]
             ),
         )
+    elif v.family is ModelFamily.QWEN3_TTS_CODEC and first == 0:  # the codec latent in through input_proj
+        x, x_waits = _project(
+            b, tiling, step=0, x=b.act("x_in", v.input_size, BufferKind.INPUT), x_waits=(), name="s0.x_proj"
+        )
     else:
         x = b.act("x_in", v.hidden_size, BufferKind.INPUT)
         x_waits = ()
@@ -912,6 +943,9 @@ def _compile_decoder(
             x_waits = (wait,)
         if not spec.lm_head:
             return
+        if v.family is ModelFamily.QWEN3_TTS_CODEC:  # its "head": final norm and output projection
+            _output_projection(b, tiling, step=step, x=x, x_wait=x_waits[0])
+            return
         is_last = step == spec.num_steps - 1
         next_table = None if is_last or v.family is not ModelFamily.LLAMA else v.embed_tables[0]
         x, wait = _head(
@@ -928,6 +962,26 @@ def _compile_decoder(
             sample=_samples(v),
         )
         x_waits = (wait,)
+
+
+def _output_projection(b: _Builder, tiling: TilingConfig, *, step: int, x: int, x_wait: Wait) -> Wait:
+    """A codec transformer's end: `x_out` = rmsnorm(x) * final_norm . w_out + b_out, one RMSNORM_LINEAR stage."""
+    v = b.view
+    weight, bias = v.output_projection
+    y = b.act("x_out", weight.shape[0], BufferKind.OUTPUT)
+    return b.matvec_stage(
+        Opcode.RMSNORM_LINEAR,
+        step=step,
+        rows=weight.shape[0],
+        tile_rows=tiling.matvec_rows,
+        in_width=v.hidden_size,
+        inputs=(x, b.weight("final_norm", v.final_norm), b.weight("output_projection.weight", weight),
+                b.weight("output_projection.bias", bias)),
+        outputs=(y,),
+        waits=(x_wait,),
+        norm=True,
+        bias=True,
+    )
 
 
 def _compile_predictor_loop(b: _Builder, tiling: TilingConfig, num_steps: int) -> None:

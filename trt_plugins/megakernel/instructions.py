@@ -93,7 +93,8 @@ class Opcode(enum.Enum):
         summary=(
             "xn = rmsnorm(x) * ln_w; for the tile's heads of kv group `group` ([q heads of the group, k, v]): "
             "h = xn . w_head; q/k: optional per-head rmsnorm (qk_norm_w rows 0=q, 1=k), rope at "
-            "positions[b]+step; q -> q_buf[b, head], k/v -> cache[layer, slots[b], group, positions[b]+step]"
+            "positions[b]+step; q -> q_buf[b, head], k/v -> cache[layer, slots[b], group, positions[b]+step] "
+            "(with a sliding window W: at p % W and p % W + W, see ATTN_PARTIAL)"
         ),
         tile="head slots of the group (0..G-1 query heads, G key head, G+1 value head)",
         args=("group",),
@@ -120,7 +121,10 @@ class Opcode(enum.Enum):
             "queries (B, heads x head_dim) and the newest key is not read from the cache: q and k_new[b, group] "
             "get RMSNORM_QKV_ROPE_APPEND's per-head norm (qk_norm_w, NO_ID: none) and rope, v_new[b, group] is "
             "used as it is, both rounded to the cache dtype, so the cache is read at positions below "
-            "positions[b]+step only (KV_APPEND writes the newest off the critical path)"
+            "positions[b]+step only (KV_APPEND writes the newest off the critical path). With a sliding window W "
+            "(RegionConstants.window > 0) a row attends its last min(length, W) positions, held in a ring of W cache "
+            "positions written twice (position p at p % W and p % W + W), so they lie contiguous from cache "
+            "position start % W (start = length - min(length, W)); partitions then count keys from start"
         ),
         tile="kv partitions",
         args=("group", "row_start", "row_stop"),
@@ -140,10 +144,13 @@ class Opcode(enum.Enum):
     )
     OPROJ_RESIDUAL = OpcodeInfo(
         code=6,
-        summary="x_out[b, r] = x_in[b, r] + attn_out[b, :] . w_o[r, :]",
+        summary=(
+            "x_out[b, r] = x_in[b, r] + scale[r] * (attn_out[b, :] . w_o[r, :]) (scale NO_ID: none; a layer "
+            "scale, applied to the rounded projection)"
+        ),
         tile="hidden features",
         args=(),
-        inputs=("attn_out", "w_o", "x_in"),
+        inputs=("attn_out", "w_o", "x_in", "scale"),
         outputs=("x_out",),
     )
     RMSNORM_GATEUP_SWIGLU = OpcodeInfo(
@@ -156,10 +163,10 @@ class Opcode(enum.Enum):
     )
     DOWN_RESIDUAL = OpcodeInfo(
         code=8,
-        summary="x_out[b, r] = x_in[b, r] + h[b, :] . w_down[r, :]",
+        summary="x_out[b, r] = x_in[b, r] + scale[r] * (h[b, :] . w_down[r, :]) (scale NO_ID: none, as OPROJ_RESIDUAL)",
         tile="hidden features",
         args=(),
-        inputs=("h", "w_down", "x_in"),
+        inputs=("h", "w_down", "x_in", "scale"),
         outputs=("x_out",),
     )
     RMSNORM_LMHEAD = OpcodeInfo(
@@ -206,12 +213,13 @@ class Opcode(enum.Enum):
     RMSNORM_LINEAR = OpcodeInfo(
         code=12,
         summary=(
-            "xn = rmsnorm(x) * ln_w; y[b, r] = xn . w[r] (split QKV: a layer's raw q, k or v projection, "
-            "cut into balanced row tiles; the per-head norms and rope follow in ATTN_PARTIAL and KV_APPEND)"
+            "xn = rmsnorm(x) * ln_w; y[b, r] = xn . w[r] + bias[r] (bias NO_ID: none) (split QKV: a layer's raw "
+            "q, k or v projection, cut into balanced row tiles; the per-head norms and rope follow in ATTN_PARTIAL "
+            "and KV_APPEND; a codec transformer's final norm and output projection)"
         ),
         tile="output features",
         args=(),
-        inputs=("x", "ln_w", "w"),
+        inputs=("x", "ln_w", "w", "bias"),
         outputs=("y",),
     )
     KV_APPEND = OpcodeInfo(
@@ -219,7 +227,8 @@ class Opcode(enum.Enum):
         summary=(
             "split QKV: for kv groups g in the tile and batch rows [row_start, row_stop), k = rope(rmsnorm(k_raw[b, "
             "g]) * qk_norm_w[1]) (norm skipped when qk_norm_w is NO_ID) at positions[b]+step -> k_cache[layer, "
-            "slots[b], g, positions[b]+step], v_raw[b, g] -> v_cache there (RMSNORM_QKV_ROPE_APPEND's k and v)"
+            "slots[b], g, positions[b]+step], v_raw[b, g] -> v_cache there (RMSNORM_QKV_ROPE_APPEND's k and v); "
+            "with a sliding window W, at cache positions p % W and p % W + W (p = positions[b]+step), as there"
         ),
         tile="kv groups",
         args=("row_start", "row_stop"),
@@ -500,6 +509,9 @@ class RegionConstants:
     attn_scale: float
     partition_tokens: int  # keys per ATTN_PARTIAL tile
     num_partitions: int  # ATTN_PARTIAL tiles per kv group (covers the region's max context)
+    # Sliding-window attention: a row attends its last `window` positions, cached in a ring of `window`
+    # positions written twice (p at p % window and p % window + window; see ATTN_PARTIAL). 0: every position.
+    window: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -512,6 +524,8 @@ class RegionConstants:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.window < 0:
+            raise ValueError(f"window must be >= 0 (0: no sliding window), got {self.window}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if not self.rms_norm_eps > 0 or not self.attn_scale > 0:
@@ -638,6 +652,7 @@ LAUNCH_PARAMS: tuple[tuple[str, str, str], ...] = (
     ("num_partitions", "int32_t", "RegionConstants"),
     ("rms_norm_eps", "float", "RegionConstants"),
     ("attn_scale", "float", "RegionConstants"),
+    ("window", "int32_t", "RegionConstants: sliding window (0: none)"),
     ("watchdog_ns", "int64_t", "per wait; must be > 0"),
     ("flags", "int32_t", "TILEVOX_MK_FLAG_*"),
 )

@@ -23,6 +23,7 @@ from tilevox.trt_plugins.megakernel.instructions import (
     DType,
     Instruction,
     Program,
+    RegionConstants,
     row_range,
 )
 
@@ -30,6 +31,7 @@ __all__ = [
     "TORCH_DTYPES",
     "DeadlockError",
     "SchedulePolicy",
+    "key_span",
     "run_program",
     "uniform_from_seed",
 ]
@@ -106,6 +108,40 @@ def _norm_rope(
     return out * cos + _rotate_half(out) * sin
 
 
+def key_span(window: int, length: int) -> tuple[int, int]:
+    """(keys, first cache position) of a row of `length` positions: every position from cache position 0
+    without a window; with one, its last min(length, window) positions, contiguous in the twice-written ring
+    from cache position start % window (RegionConstants.window). The kernel's key_span, line for line."""
+    if window <= 0:
+        return length, 0
+    start = max(0, length - window)
+    return length - start, start % window
+
+
+def _cache_put(
+    c: RegionConstants,
+    cache: torch.Tensor,
+    layer: int,
+    slots: torch.Tensor,
+    group: int,
+    pos: torch.Tensor,
+    value: torch.Tensor,
+) -> None:
+    """cache[layer, slots, group, pos] = value (rows of pos / slots); with a sliding window, at the ring's two
+    copies of each position, pos % window and pos % window + window."""
+    if c.window <= 0:
+        cache[layer, slots, group, pos] = value
+        return
+    ring = pos % c.window
+    cache[layer, slots, group, ring] = value
+    cache[layer, slots, group, ring + c.window] = value
+
+
+def _scaled(y: torch.Tensor, scale: torch.Tensor | None, cols: slice) -> torch.Tensor:
+    """A projection's rounded output times its layer scale (none: unchanged), as LayerScale applies it."""
+    return y if scale is None else scale[cols] * y
+
+
 class _Machine:
     def __init__(self, program: Program, tensors: dict[int, torch.Tensor]) -> None:
         self.program = program
@@ -146,17 +182,17 @@ class _Machine:
                 q_buf[:, head] = _norm_rope(out, q_norm, c.rms_norm_eps, cos, sin)
             elif head_slot == g_size:
                 out = F.linear(xn, w_k[group * d : (group + 1) * d])  # (B, D)
-                k_cache[inst.layer, slots, group, pos] = _norm_rope(out, k_norm, c.rms_norm_eps, cos, sin)
+                _cache_put(c, k_cache, inst.layer, slots, group, pos, _norm_rope(out, k_norm, c.rms_norm_eps, cos, sin))
             elif head_slot == g_size + 1:
-                v_cache[inst.layer, slots, group, pos] = F.linear(xn, w_v[group * d : (group + 1) * d])
+                _cache_put(c, v_cache, inst.layer, slots, group, pos, F.linear(xn, w_v[group * d : (group + 1) * d]))
             else:
                 raise ValueError(f"head slot {head_slot} out of range for group size {g_size}")
 
     def _rmsnorm_linear(self, inst: Instruction) -> None:
-        x, ln_w, w = (self.buf(i) for i in inst.inputs)
+        x, ln_w, w, bias = (self.buf(i) for i in inst.inputs)
         (y,) = (self.buf(i) for i in inst.outputs)
         cols = slice(inst.tile_start, inst.tile_stop)
-        y[:, cols] = F.linear(_rmsnorm(x, ln_w, self.c.rms_norm_eps), w[cols])
+        y[:, cols] = F.linear(_rmsnorm(x, ln_w, self.c.rms_norm_eps), w[cols], None if bias is None else bias[cols])
 
     def _kv_append(self, inst: Instruction) -> None:
         k_raw, v_raw, qk_norm_w, inv_freq, positions, slots = (self.buf(i) for i in inst.inputs)
@@ -168,10 +204,9 @@ class _Machine:
         k_norm = None if qk_norm_w is None else qk_norm_w[1]
         for group in range(inst.tile_start, inst.tile_stop):
             cols = slice(group * d, (group + 1) * d)
-            k_cache[inst.layer, slots[rows], group, pos] = _norm_rope(
-                k_raw[rows, cols], k_norm, c.rms_norm_eps, cos, sin
-            )
-            v_cache[inst.layer, slots[rows], group, pos] = v_raw[rows, cols]
+            key = _norm_rope(k_raw[rows, cols], k_norm, c.rms_norm_eps, cos, sin)
+            _cache_put(c, k_cache, inst.layer, slots[rows], group, pos, key)
+            _cache_put(c, v_cache, inst.layer, slots[rows], group, pos, v_raw[rows, cols])
 
     def _attn_partial(self, inst: Instruction) -> None:
         q_buf, k_cache, v_cache, positions, slots, k_new, v_new, qk_norm_w, inv_freq = (
@@ -187,10 +222,13 @@ class _Machine:
         final = part_out.dim() == 2
         cols = slice(heads.start * d, heads.stop * d)
         lengths = (positions + inst.step + 1).tolist()
-        if max(lengths) > min(c.num_partitions * c.partition_tokens, k_cache.shape[3]):
+        spans = [key_span(c.window, length) for length in lengths]  # (keys, first cache position) per row
+        if max(n for n, _ in spans) > c.num_partitions * c.partition_tokens or any(
+            n + phys > k_cache.shape[3] for n, phys in spans
+        ):
             raise ValueError(
-                f"a row attends {max(lengths)} keys; the region covers {c.num_partitions} partitions "
-                f"x {c.partition_tokens} keys and the cache holds {k_cache.shape[3]} positions"
+                f"a row attends {max(n for n, _ in spans)} keys; the region covers {c.num_partitions} partitions "
+                f"x {c.partition_tokens} keys and the cache holds {k_cache.shape[3]} positions (window {c.window})"
             )
         fresh = k_new is not None  # split QKV: raw q, and the newest key/value from the raw projections
         if fresh:
@@ -202,7 +240,8 @@ class _Machine:
             first = partition * c.partition_tokens
             for row in rows:
                 length, slot = lengths[row], slot_list[row]
-                last = min(first + c.partition_tokens, length)
+                count, phys = spans[row]  # keys [length - count, length) at cache positions [phys, phys + count)
+                last = min(first + c.partition_tokens, count)
                 if last <= first:  # nothing of this row's context falls in the partition
                     if final:
                         part_out[row, cols] = 0.0
@@ -213,17 +252,17 @@ class _Machine:
                 if fresh:
                     raw_q = q_buf[row, cols].view(g_size, d)
                     q = _norm_rope(raw_q, q_norm, c.rms_norm_eps, cos[row], sin[row]).float()  # (G, D)
-                    cached = min(last, length - 1)  # the newest position comes from k_new / v_new
-                    keys = k_cache[inst.layer, slot, group, first:cached].float()
-                    values = v_cache[inst.layer, slot, group, first:cached].float()
-                    if last == length:
+                    cached = min(last, count - 1)  # the newest position comes from k_new / v_new
+                    keys = k_cache[inst.layer, slot, group, phys + first : phys + cached].float()
+                    values = v_cache[inst.layer, slot, group, phys + first : phys + cached].float()
+                    if last == count:
                         key = _norm_rope(k_new[row, kv_cols], k_norm, c.rms_norm_eps, cos[row], sin[row])
                         keys = torch.cat((keys, key.to(k_cache.dtype).float()[None]))
                         values = torch.cat((values, v_new[row, kv_cols].to(v_cache.dtype).float()[None]))
                 else:
                     q = q_buf[row, heads].float()  # (G, D)
-                    keys = k_cache[inst.layer, slot, group, first:last].float()  # (n, D)
-                    values = v_cache[inst.layer, slot, group, first:last].float()  # (n, D)
+                    keys = k_cache[inst.layer, slot, group, phys + first : phys + last].float()  # (n, D)
+                    values = v_cache[inst.layer, slot, group, phys + first : phys + last].float()  # (n, D)
                 scores = (q @ keys.T) * c.attn_scale  # (G, n)
                 peak = scores.amax(dim=-1, keepdim=True)
                 weights = torch.exp(scores - peak)
@@ -278,10 +317,10 @@ class _Machine:
             attn_out[rows, cols] = merged.reshape(merged.shape[0], g_size * d).to(attn_out.dtype)
 
     def _oproj_residual(self, inst: Instruction) -> None:
-        attn_out, w_o, x_in = (self.buf(i) for i in inst.inputs)
+        attn_out, w_o, x_in, scale = (self.buf(i) for i in inst.inputs)
         (x_out,) = (self.buf(i) for i in inst.outputs)
         cols = slice(inst.tile_start, inst.tile_stop)
-        x_out[:, cols] = x_in[:, cols] + F.linear(attn_out, w_o[cols])
+        x_out[:, cols] = x_in[:, cols] + _scaled(F.linear(attn_out, w_o[cols]), scale, cols)
 
     def _rmsnorm_gateup_swiglu(self, inst: Instruction) -> None:
         x, ln_w, w_gate, w_up = (self.buf(i) for i in inst.inputs)
@@ -291,10 +330,10 @@ class _Machine:
         h[:, cols] = F.silu(F.linear(xn, w_gate[cols])) * F.linear(xn, w_up[cols])
 
     def _down_residual(self, inst: Instruction) -> None:
-        h, w_down, x_in = (self.buf(i) for i in inst.inputs)
+        h, w_down, x_in, scale = (self.buf(i) for i in inst.inputs)
         (x_out,) = (self.buf(i) for i in inst.outputs)
         cols = slice(inst.tile_start, inst.tile_stop)
-        x_out[:, cols] = x_in[:, cols] + F.linear(h, w_down[cols])
+        x_out[:, cols] = x_in[:, cols] + _scaled(F.linear(h, w_down[cols]), scale, cols)
 
     def _rmsnorm_lmhead(self, inst: Instruction) -> None:
         x, norm_w, w_lm = (self.buf(i) for i in inst.inputs)

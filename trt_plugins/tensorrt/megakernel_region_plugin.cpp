@@ -38,7 +38,7 @@ struct RegionProgram {
   std::vector<int32_t> instructions, queueLengths, inputBuffers, outputBuffers;
   std::vector<int32_t> bufferTable;  // num_buffers rows of `tableWidth()` entries: kind, dtype, ndim, dims...
   int32_t numQueues{0}, maxQueueLen{0}, numBuffers{0}, numCounters{0};
-  int32_t batchSize{0}, numHeads{0}, numKvHeads{0}, headDim{0}, partitionTokens{0}, numPartitions{0};
+  int32_t batchSize{0}, numHeads{0}, numKvHeads{0}, headDim{0}, partitionTokens{0}, numPartitions{0}, window{0};
   float rmsNormEps{0.F}, attnScale{0.F};
   int32_t watchdogMs{2000};
 
@@ -139,6 +139,7 @@ bool parseFields(PluginFieldCollection const* fc, RegionProgram& p) noexcept {
                         : name == "head_dim"         ? &p.headDim
                         : name == "partition_tokens" ? &p.partitionTokens
                         : name == "num_partitions"   ? &p.numPartitions
+                        : name == "window"           ? &p.window
                         : name == "watchdog_ms"      ? &p.watchdogMs
                                                      : nullptr;
       std::vector<int32_t> one;
@@ -274,6 +275,7 @@ class MegakernelRegionPlugin final : public IPluginV3,
     scalar("num_partitions", p_.numPartitions);
     serialized_.emplace_back("rms_norm_eps", &p_.rmsNormEps, PluginFieldType::kFLOAT32, 1);
     serialized_.emplace_back("attn_scale", &p_.attnScale, PluginFieldType::kFLOAT32, 1);
+    scalar("window", p_.window);
     scalar("watchdog_ms", p_.watchdogMs);
     collection_.nbFields = static_cast<int32_t>(serialized_.size());
     collection_.fields = serialized_.data();
@@ -332,6 +334,7 @@ class MegakernelRegionPlugin final : public IPluginV3,
       params.num_partitions = p_.numPartitions;
       params.rms_norm_eps = p_.rmsNormEps;
       params.attn_scale = p_.attnScale;
+      params.window = p_.window;
       params.watchdog_ns = static_cast<int64_t>(p_.watchdogMs) * 1000000;
       params.flags = 0;
       int const status = tilevox_megakernel_launch(&params, stream);
@@ -415,6 +418,7 @@ PluginField const kFieldList[] = {
     PluginField("num_partitions", nullptr, PluginFieldType::kINT32, 1),
     PluginField("rms_norm_eps", nullptr, PluginFieldType::kFLOAT32, 1),
     PluginField("attn_scale", nullptr, PluginFieldType::kFLOAT32, 1),
+    PluginField("window", nullptr, PluginFieldType::kINT32, 1),
     PluginField("watchdog_ms", nullptr, PluginFieldType::kINT32, 1),
 };
 PluginFieldCollection const kFieldNames{static_cast<int32_t>(sizeof(kFieldList) / sizeof(kFieldList[0])), kFieldList};

@@ -7,7 +7,9 @@ keys/values per attention layer, per-row positions), so decoding any split of an
 pieces yields the same samples as one `forward` (up to float rounding). `chunked_decode` is the
 official long-audio decode (`decode()`: 300-frame chunks, 25 frames of left context), and
 `decode_incremental_chunked` streams it exactly (ChunkedDecoderState). Parameter names match the
-official checkpoint (`decoder.*` in speech_tokenizer/model.safetensors). Imports: torch, models.layers.
+official checkpoint (`decoder.*` in speech_tokenizer/model.safetensors). `Transformer.decoder_view` hands
+the sliding-window transformer to the megakernel region compiler. Imports: torch, models.layers,
+models.decoder_view.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tilevox.models.decoder_view import DecoderView, LayerWeights, ModelFamily
 from tilevox.models.layers import GatedMLP, RMSNorm
 from tilevox.models.qwen3_tts.speech_tokenizer.config import SpeechDecoderConfig
 
@@ -347,6 +350,7 @@ class TransformerLayer(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, config: SpeechDecoderConfig):
         super().__init__()
+        self.config = config
         self.input_proj = nn.Linear(config.latent_dim, config.hidden_size)
         self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -354,6 +358,49 @@ class Transformer(nn.Module):
         d = config.head_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def decoder_view(self) -> DecoderView:
+        """The weights a region compiler reads (models.decoder_view): input projection, layers with their
+        sliding window and layer scales, final norm and output projection. A region runs one new frame per
+        row and step; `keys` / `values` then live in the region's ring cache, not in DecoderState."""
+        if self.config.attention_bias:
+            raise ValueError("the codec transformer has attention biases, which no megakernel region runs")
+        c = self.config
+        layers = tuple(
+            LayerWeights(
+                ln1=layer.input_layernorm.weight,
+                w_q=layer.self_attn.q_proj.weight,
+                w_k=layer.self_attn.k_proj.weight,
+                w_v=layer.self_attn.v_proj.weight,
+                qk_norm=None,
+                w_o=layer.self_attn.o_proj.weight,
+                ln2=layer.post_attention_layernorm.weight,
+                w_gate=layer.mlp.gate_proj.weight,
+                w_up=layer.mlp.up_proj.weight,
+                w_down=layer.mlp.down_proj.weight,
+                attn_layer_scale=layer.self_attn_layer_scale.scale,
+                mlp_layer_scale=layer.mlp_layer_scale.scale,
+            )
+            for layer in self.layers
+        )
+        return DecoderView(
+            family=ModelFamily.QWEN3_TTS_CODEC,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_heads=c.num_attention_heads,
+            num_kv_heads=c.num_key_value_heads,
+            head_dim=c.head_dim,
+            rms_norm_eps=c.rms_norm_eps,
+            inv_freq=self.inv_freq.float(),
+            layers=layers,
+            final_norm=self.norm.weight,
+            embed_tables=(),
+            heads=(),
+            projection=(self.input_proj.weight, self.input_proj.bias),
+            input_size=c.latent_dim,
+            sliding_window=c.sliding_window,
+            output_projection=(self.output_proj.weight, self.output_proj.bias),
+        )
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
         """positions (B, n) long -> cos, sin (B, n, D), computed in fp32 then cast (as official)."""

@@ -4,7 +4,8 @@ buffer values (the VM on CPU, the kernel on the GPU). Tiny Llama full-step regio
 in sequence, the Qwen3-TTS code-predictor loop, CUDA-graph capture + replay, and the watchdog turning
 an unsatisfiable wait into an error instead of a hang; CROSS_ATTN on random inputs (also against its
 float64 reference) and the NH-TTS decoder step (self- and cross-attention, all-channel head) for rows at
-different positions and text lengths. Needs a GPU and libtilevox_kernels.so."""
+different positions and text lengths; the Qwen3-TTS codec's sliding-window transformer (ring caches, layer
+scales, biased projections) past several wraps of its window. Needs a GPU and libtilevox_kernels.so."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import o1_random_llama
 from tilevox.models.nh_tts.loader import network_config
 from tilevox.models.nh_tts.weights import random_network
+from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS as CODEC_PRESETS
+from tilevox.models.qwen3_tts.speech_tokenizer import random_speech_tokenizer
 from tilevox.models.region_backends import NH_DECODER_STEP
 from tilevox.models.sampling import SamplingParams
 from tilevox.trt_plugins.megakernel import BufferKind, Wait, run_program
@@ -461,3 +464,41 @@ def test_nh_decoder_step_matches_vm(rt, dtype):
         cache.self_v.copy_(vm_out["v_cache"])
         for row in rows:
             cache.lengths[row] += 1
+
+
+CODEC_WINDOW = 9
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("split_qkv", [False, True], ids=["fused", "split"])
+def test_codec_transformer_region_matches_vm(rt, dtype, split_qkv):
+    """The codec transformer region (window 9: a twice-written ring of 18 cache positions; 4-key partitions, so a
+    window spans three) for rows at positions 0, 4 and 23 over 14 frames: x_out and both ring caches follow the
+    VM every frame. bf16 takes the grouped attention path, fp32 the general one."""
+    config = CODEC_PRESETS["tiny"]
+    config = dataclasses.replace(config, decoder=dataclasses.replace(config.decoder, sliding_window=CODEC_WINDOW))
+    decoder, _ = random_speech_tokenizer(config, seed=2, dtype=dtype, with_encoder=False)
+    transformer = decoder.pre_transformer
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():  # layer scales far from their 0.01 init
+        for layer in transformer.layers:
+            for scale in (layer.self_attn_layer_scale.scale, layer.mlp_layer_scale.scale):
+                scale.copy_(torch.randn(scale.shape, generator=gen).to(dtype))
+    tiling = dataclasses.replace(TILING, partition_tokens=4, split_qkv=split_qkv)
+    region = compile_region(transformer, RegionSpec(lm_head=True), batch_size=3, num_cache_slots=5, tiling=tiling)
+    shape = region.program.buffer("k_cache").shape
+    assert region.program.constants.window == CODEC_WINDOW and shape[3] == 2 * CODEC_WINDOW
+    # Arbitrary earlier frames: random ring contents (both copies equal, as the appends write them).
+    ring = torch.randn(2, *shape[:3], CODEC_WINDOW, shape[4], generator=gen).to(dtype)
+    vm_k, vm_v = (torch.cat([half, half], dim=3) for half in ring)
+    gpu_k, gpu_v = vm_k.to(DEVICE), vm_v.to(DEVICE)
+    slots, positions = torch.tensor([3, 0, 4]), torch.tensor([0, 4, 23])
+    launch = rt.CudaProgram(region.program)
+    for frame in range(14):
+        x = torch.randn(3, decoder.config.latent_dim, generator=gen).to(dtype)
+        bound = {**region.weights, "x_in": x, "positions": positions + frame, "slots": slots}
+        vm_out = run_program(region.program, {**bound, "k_cache": vm_k, "v_cache": vm_v})
+        gpu_out = launch.bind({**_to_cuda(bound), "k_cache": gpu_k, "v_cache": gpu_v}).launch()
+        torch.testing.assert_close(gpu_out["x_out"].cpu(), vm_out["x_out"], **_tol(dtype))
+        torch.testing.assert_close(gpu_k.cpu(), vm_k, **_tol(dtype))
+        torch.testing.assert_close(gpu_v.cpu(), vm_v, **_tol(dtype))

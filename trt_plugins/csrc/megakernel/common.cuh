@@ -1,5 +1,5 @@
 // common.cuh: Shared device helpers of the megakernel: kernel limits, buffer views (Buf, Ctx), typed loads and stores,
-// warp and block reductions, error reporting.
+// warp and block reductions, error reporting, where a row's keys sit in the KV cache (sliding-window rings).
 // Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
 #pragma once
 
@@ -136,6 +136,22 @@ __device__ __forceinline__ Buf get_buf(const Ctx& c, int id) {
   return b;
 }
 static_assert(3 + kMaxDims == 8, "get_buf loads a buffer-table row as four 16-byte words");
+
+// The keys a row of `length` positions attends and where they start in the cache (RegionConstants.window; the
+// VM's key_span): every position from cache position 0 without a window; with a window W, the last min(length, W)
+// positions, contiguous from cache position start % W of the ring written twice (position p at p % W and
+// p % W + W).
+struct KeySpan {
+  int64_t count, phys;
+};
+__device__ __forceinline__ KeySpan key_span(int window, int64_t length) {
+  if (window <= 0) return {length, 0};
+  const int64_t start = length > window ? length - window : 0;
+  return {length - start, start % window};
+}
+// The cache position that holds position `pos`, and with a window the second copy's offset from it (0: none).
+__device__ __forceinline__ int64_t cache_pos(int window, int64_t pos) { return window > 0 ? pos % window : pos; }
+__device__ __forceinline__ int64_t ring_copy(int window) { return window > 0 ? window : 0; }
 
 __device__ __forceinline__ float bf16_bits_to_float(unsigned short u) {
   return __uint_as_float(static_cast<unsigned>(u) << 16);

@@ -63,7 +63,7 @@
 #define TILEVOX_MK_LINEAR_BIAS_IN_W 1
 #define TILEVOX_MK_LINEAR_BIAS_IN_BIAS 2
 #define TILEVOX_MK_LINEAR_BIAS_OUT_Y 0
-/* RMSNORM_QKV_ROPE_APPEND: xn = rmsnorm(x) * ln_w; for the tile's heads of kv group `group` ([q heads of the group, k, v]): h = xn . w_head; q/k: optional per-head rmsnorm (qk_norm_w rows 0=q, 1=k), rope at positions[b]+step; q -> q_buf[b, head], k/v -> cache[layer, slots[b], group, positions[b]+step]
+/* RMSNORM_QKV_ROPE_APPEND: xn = rmsnorm(x) * ln_w; for the tile's heads of kv group `group` ([q heads of the group, k, v]): h = xn . w_head; q/k: optional per-head rmsnorm (qk_norm_w rows 0=q, 1=k), rope at positions[b]+step; q -> q_buf[b, head], k/v -> cache[layer, slots[b], group, positions[b]+step] (with a sliding window W: at p % W and p % W + W, see ATTN_PARTIAL)
  *   tile: head slots of the group (0..G-1 query heads, G key head, G+1 value head)
  *   args: [0] group
  *   inputs: [0] x, [1] ln_w, [2] w_q, [3] w_k, [4] w_v, [5] qk_norm_w, [6] inv_freq, [7] positions, [8] slots
@@ -83,7 +83,7 @@
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_Q_BUF 0
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_K_CACHE 1
 #define TILEVOX_MK_RMSNORM_QKV_ROPE_APPEND_OUT_V_CACHE 2
-/* ATTN_PARTIAL: for kv group `group` and batch rows [row_start, row_stop), keys [partition*partition_tokens, +partition_tokens) clipped to each row's length positions[b]+step+1: softmax-normalised partial output and its log-sum-exp (-inf if empty); in a region of one partition, part_out is attn_out (same layout, its dtype) and no ATTN_REDUCE follows. With k_new (split QKV), q_buf holds the raw queries (B, heads x head_dim) and the newest key is not read from the cache: q and k_new[b, group] get RMSNORM_QKV_ROPE_APPEND's per-head norm (qk_norm_w, NO_ID: none) and rope, v_new[b, group] is used as it is, both rounded to the cache dtype, so the cache is read at positions below positions[b]+step only (KV_APPEND writes the newest off the critical path)
+/* ATTN_PARTIAL: for kv group `group` and batch rows [row_start, row_stop), keys [partition*partition_tokens, +partition_tokens) clipped to each row's length positions[b]+step+1: softmax-normalised partial output and its log-sum-exp (-inf if empty); in a region of one partition, part_out is attn_out (same layout, its dtype) and no ATTN_REDUCE follows. With k_new (split QKV), q_buf holds the raw queries (B, heads x head_dim) and the newest key is not read from the cache: q and k_new[b, group] get RMSNORM_QKV_ROPE_APPEND's per-head norm (qk_norm_w, NO_ID: none) and rope, v_new[b, group] is used as it is, both rounded to the cache dtype, so the cache is read at positions below positions[b]+step only (KV_APPEND writes the newest off the critical path). With a sliding window W (RegionConstants.window > 0) a row attends its last min(length, W) positions, held in a ring of W cache positions written twice (position p at p % W and p % W + W), so they lie contiguous from cache position start % W (start = length - min(length, W)); partitions then count keys from start
  *   tile: kv partitions
  *   args: [0] group, [1] row_start, [2] row_stop
  *   inputs: [0] q_buf, [1] k_cache, [2] v_cache, [3] positions, [4] slots, [5] k_new, [6] v_new, [7] qk_norm_w, [8] inv_freq
@@ -116,15 +116,16 @@
 #define TILEVOX_MK_ATTN_REDUCE_IN_PART_OUT 0
 #define TILEVOX_MK_ATTN_REDUCE_IN_PART_LSE 1
 #define TILEVOX_MK_ATTN_REDUCE_OUT_ATTN_OUT 0
-/* OPROJ_RESIDUAL: x_out[b, r] = x_in[b, r] + attn_out[b, :] . w_o[r, :]
+/* OPROJ_RESIDUAL: x_out[b, r] = x_in[b, r] + scale[r] * (attn_out[b, :] . w_o[r, :]) (scale NO_ID: none; a layer scale, applied to the rounded projection)
  *   tile: hidden features
- *   inputs: [0] attn_out, [1] w_o, [2] x_in
+ *   inputs: [0] attn_out, [1] w_o, [2] x_in, [3] scale
  *   outputs: [0] x_out
  */
 #define TILEVOX_MK_OP_OPROJ_RESIDUAL 6
 #define TILEVOX_MK_OPROJ_RESIDUAL_IN_ATTN_OUT 0
 #define TILEVOX_MK_OPROJ_RESIDUAL_IN_W_O 1
 #define TILEVOX_MK_OPROJ_RESIDUAL_IN_X_IN 2
+#define TILEVOX_MK_OPROJ_RESIDUAL_IN_SCALE 3
 #define TILEVOX_MK_OPROJ_RESIDUAL_OUT_X_OUT 0
 /* RMSNORM_GATEUP_SWIGLU: xn = rmsnorm(x) * ln_w; h[b, r] = silu(xn . w_gate[r]) * (xn . w_up[r])
  *   tile: intermediate features
@@ -137,15 +138,16 @@
 #define TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_IN_W_GATE 2
 #define TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_IN_W_UP 3
 #define TILEVOX_MK_RMSNORM_GATEUP_SWIGLU_OUT_H 0
-/* DOWN_RESIDUAL: x_out[b, r] = x_in[b, r] + h[b, :] . w_down[r, :]
+/* DOWN_RESIDUAL: x_out[b, r] = x_in[b, r] + scale[r] * (h[b, :] . w_down[r, :]) (scale NO_ID: none, as OPROJ_RESIDUAL)
  *   tile: hidden features
- *   inputs: [0] h, [1] w_down, [2] x_in
+ *   inputs: [0] h, [1] w_down, [2] x_in, [3] scale
  *   outputs: [0] x_out
  */
 #define TILEVOX_MK_OP_DOWN_RESIDUAL 8
 #define TILEVOX_MK_DOWN_RESIDUAL_IN_H 0
 #define TILEVOX_MK_DOWN_RESIDUAL_IN_W_DOWN 1
 #define TILEVOX_MK_DOWN_RESIDUAL_IN_X_IN 2
+#define TILEVOX_MK_DOWN_RESIDUAL_IN_SCALE 3
 #define TILEVOX_MK_DOWN_RESIDUAL_OUT_X_OUT 0
 /* RMSNORM_LMHEAD: xn = rmsnorm(x) * norm_w; logits[b, v] = xn . w_lm[v]; the tile starting at 0 also writes xn
  *   tile: vocabulary rows
@@ -190,17 +192,18 @@
 #define TILEVOX_MK_CROSS_ATTN_IN_TEXT_LENGTHS 3
 #define TILEVOX_MK_CROSS_ATTN_IN_SLOTS 4
 #define TILEVOX_MK_CROSS_ATTN_OUT_ATTN_OUT 0
-/* RMSNORM_LINEAR: xn = rmsnorm(x) * ln_w; y[b, r] = xn . w[r] (split QKV: a layer's raw q, k or v projection, cut into balanced row tiles; the per-head norms and rope follow in ATTN_PARTIAL and KV_APPEND)
+/* RMSNORM_LINEAR: xn = rmsnorm(x) * ln_w; y[b, r] = xn . w[r] + bias[r] (bias NO_ID: none) (split QKV: a layer's raw q, k or v projection, cut into balanced row tiles; the per-head norms and rope follow in ATTN_PARTIAL and KV_APPEND; a codec transformer's final norm and output projection)
  *   tile: output features
- *   inputs: [0] x, [1] ln_w, [2] w
+ *   inputs: [0] x, [1] ln_w, [2] w, [3] bias
  *   outputs: [0] y
  */
 #define TILEVOX_MK_OP_RMSNORM_LINEAR 12
 #define TILEVOX_MK_RMSNORM_LINEAR_IN_X 0
 #define TILEVOX_MK_RMSNORM_LINEAR_IN_LN_W 1
 #define TILEVOX_MK_RMSNORM_LINEAR_IN_W 2
+#define TILEVOX_MK_RMSNORM_LINEAR_IN_BIAS 3
 #define TILEVOX_MK_RMSNORM_LINEAR_OUT_Y 0
-/* KV_APPEND: split QKV: for kv groups g in the tile and batch rows [row_start, row_stop), k = rope(rmsnorm(k_raw[b, g]) * qk_norm_w[1]) (norm skipped when qk_norm_w is NO_ID) at positions[b]+step -> k_cache[layer, slots[b], g, positions[b]+step], v_raw[b, g] -> v_cache there (RMSNORM_QKV_ROPE_APPEND's k and v)
+/* KV_APPEND: split QKV: for kv groups g in the tile and batch rows [row_start, row_stop), k = rope(rmsnorm(k_raw[b, g]) * qk_norm_w[1]) (norm skipped when qk_norm_w is NO_ID) at positions[b]+step -> k_cache[layer, slots[b], g, positions[b]+step], v_raw[b, g] -> v_cache there (RMSNORM_QKV_ROPE_APPEND's k and v); with a sliding window W, at cache positions p % W and p % W + W (p = positions[b]+step), as there
  *   tile: kv groups
  *   args: [0] row_start, [1] row_stop
  *   inputs: [0] k_raw, [1] v_raw, [2] qk_norm_w, [3] inv_freq, [4] positions, [5] slots
@@ -240,6 +243,7 @@ typedef struct TilevoxMkRegionConstants {
   float attn_scale;
   int32_t partition_tokens;
   int32_t num_partitions;
+  int32_t window;
 } TilevoxMkRegionConstants;
 
 /* Kernel limits. */
@@ -286,6 +290,7 @@ typedef struct tilevox_megakernel_params {
   int32_t num_partitions; /* RegionConstants */
   float rms_norm_eps; /* RegionConstants */
   float attn_scale; /* RegionConstants */
+  int32_t window; /* RegionConstants: sliding window (0: none) */
   int64_t watchdog_ns; /* per wait; must be > 0 */
   int32_t flags; /* TILEVOX_MK_FLAG_* */
 } tilevox_megakernel_params;

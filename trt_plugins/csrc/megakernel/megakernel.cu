@@ -227,7 +227,7 @@ extern "C" int tilevox_megakernel_launch(const tilevox_megakernel_params* params
     return fail(TILEVOX_ERR_INVALID_ARGUMENT, "megakernel: a required pointer is null");
   if (p.num_queues < 1 || p.max_queue_len < 0 || p.num_buffers < 0 || p.num_counters < 0 || p.batch_size < 1 ||
       p.num_heads < 1 || p.num_kv_heads < 1 || p.num_heads % p.num_kv_heads || p.partition_tokens < 1 ||
-      p.num_partitions < 1 || p.watchdog_ns <= 0)
+      p.num_partitions < 1 || p.window < 0 || p.watchdog_ns <= 0)
     return fail(TILEVOX_ERR_INVALID_ARGUMENT, "megakernel: invalid sizes or region constants");
   if (p.head_dim < 2 || p.head_dim % 2 || p.head_dim > TILEVOX_MK_MAX_HEAD_DIM)
     return fail(TILEVOX_ERR_UNSUPPORTED_SHAPE, "megakernel: head_dim must be even and <= " +

@@ -21,8 +21,8 @@ __device__ bool for_each_row_chunk(const Ctx& c, const int* inst, int B, int K, 
 // y[b, r] = (rmsnorm(x) * ln_w) . w[r] for the instruction's tile rows r; with xn_id >= 0 the tile starting at row 0
 // also writes the normed rows there. The body of RMSNORM_LMHEAD and RMSNORM_LINEAR.
 __device__ __forceinline__ bool rmsnorm_matvec(const Ctx& c, const int* inst, float* xs, const Buf& x, const Buf& ln,
-                                               const Buf& w, const Buf& y, int xn_id) {
-  const Buf xn = get_buf(c, xn_id);
+                                               const Buf& w, const Buf& y, int xn_id, int bias_id) {
+  const Buf xn = get_buf(c, xn_id), bias = get_buf(c, bias_id);
   const int B = (int)x.dims[0], K = (int)x.dims[1], N = (int)y.dims[1];
   const int r0 = inst[TILEVOX_MK_FIELD_TILE_START];
   const bool tc = tc_eligible(x, w, &ln, K) && chunk_limit(true, K, kTcMaxBatch) > 0;
@@ -38,6 +38,9 @@ __device__ __forceinline__ bool rmsnorm_matvec(const Ctx& c, const int* inst, fl
               st(xn, (int64_t)b0 * K + idx, sx.at(idx / K, idx % K));
           return true;
         },
-        [&](int ci, int r, float v, float) { st(y, (int64_t)(b0 + ci) * N + r, v); });
+        [&](int ci, int r, float v, float) {
+          if (bias_id >= 0) v += ld_w(bias, r);
+          st(y, (int64_t)(b0 + ci) * N + r, v);
+        });
   });
 }

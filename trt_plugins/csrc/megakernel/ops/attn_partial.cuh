@@ -287,16 +287,17 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
     const int b = r0 + item / (t_stop - t_start), part = t_start + item % (t_stop - t_start);
     const int64_t first = (int64_t)part * PT;
     const int64_t length = ld_int(positions, b) + step + 1;
-    const int64_t limit = min((int64_t)P * PT, c_len);
+    // Keys [length - span.count, length), from cache position span.phys; partitions count keys from there.
+    const KeySpan span = key_span(c.prm.window, length);
     const int64_t base_bp = ((int64_t)b * KVH + group) * P + part;  // (b, group, part): * G + head
     const int64_t slot = ld_int(slots, b);
-    if (length > limit) {
-      if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)length, (int)limit);
+    if (span.count > (int64_t)P * PT || span.phys + span.count > c_len) {
+      if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)length, (int)min((int64_t)P * PT, c_len));
       continue;
     }
-    const int64_t last = min(first + PT, length);
+    const int64_t last = min(first + PT, span.count);
     // Split QKV: the newest position (length - 1) comes from k_new / v_new, the cache only below it.
-    const bool has_new = fr.on && last == length;
+    const bool has_new = fr.on && last == span.count;
     const int64_t cached = has_new ? last - 1 : last;
     if (last <= first) {
       if (!split || warp == 0) {
@@ -329,7 +330,7 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
       for (int idx = lane; idx < G * D; idx += 32) q[idx] = ld_act(qb, ((int64_t)b * H + group * G) * D + idx);
     }
     __syncwarp();
-    const int64_t cache_base = (((int64_t)layer * c_slots + slot) * c_heads + group) * c_len * D;
+    const int64_t cache_base = ((((int64_t)layer * c_slots + slot) * c_heads + group) * c_len + span.phys) * D;
     const uint4* keys = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(kc.p) + cache_base);
     const unsigned short* vals = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + cc * 8;
     GroupedState<GM> gs;
@@ -434,15 +435,15 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
     for (int pair = warp; pair < (r1 - r0) * G; pair += kWarps) {
       const int b = r0 + pair / G, i = pair % G;
       const int64_t length = ld_int(positions, b) + step + 1;
-      const int64_t limit = min((int64_t)P * PT, c_len);
+      const KeySpan span = key_span(c.prm.window, length);  // as in attn_partial_grouped
       const int64_t out_base = ((((int64_t)b * KVH + group) * P + part) * G + i) * D;
       const int64_t lse_idx = (((int64_t)b * KVH + group) * P + part) * G + i;
-      if (length > limit) {
-        if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)length, (int)limit);
+      if (span.count > (int64_t)P * PT || span.phys + span.count > c_len) {
+        if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)length, (int)min((int64_t)P * PT, c_len));
         continue;
       }
-      const int64_t last = min(first + PT, length);
-      const bool has_new = fr.on && last == length;  // split QKV: the newest position from k_new / v_new
+      const int64_t last = min(first + PT, span.count);
+      const bool has_new = fr.on && last == span.count;  // split QKV: the newest position from k_new / v_new
       if (last <= first) {
         for (int d = lane; d < D; d += 32) st(po, out_base + d, 0.f);
         if (lane == 0) st(pl, lse_idx, -INFINITY);
@@ -465,7 +466,7 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
       float acc[kPer];
 #pragma unroll
       for (int j = 0; j < kPer; ++j) acc[j] = 0.f;  // kPer >= 8: acc[0..8) are the vec_v lane's dims
-      const int64_t cache_base = (((int64_t)layer * c_slots + slot) * c_heads + group) * c_len * D;
+      const int64_t cache_base = ((((int64_t)layer * c_slots + slot) * c_heads + group) * c_len + span.phys) * D;
       float m = -INFINITY, l = 0.f;
       const int64_t cached = has_new ? last - 1 : last;
       for (int64_t t0 = first; t0 < cached; t0 += 32) {

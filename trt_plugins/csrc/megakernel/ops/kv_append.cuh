@@ -23,20 +23,26 @@ TILEVOX_MK_OP bool op_kv_append(const Ctx c, const int* inst, float* hb) {
   for (int item = warp; item < groups * (r1 - r0); item += kWarps) {
     const int g = g0 + item / (r1 - r0), b = r0 + item % (r1 - r0);
     const int64_t pos = ld_int(positions, b) + step, slot = ld_int(slots, b);
-    if (slot < 0 || slot >= c_slots || pos < 0 || pos >= c_len || g >= c_heads || (int64_t)(g + 1) * D > width) {
+    const int64_t at = cache_pos(c.prm.window, pos), copy = ring_copy(c.prm.window);  // a window's ring: twice
+    if (slot < 0 || slot >= c_slots || pos < 0 || at + copy >= c_len || g >= c_heads || (int64_t)(g + 1) * D > width) {
       if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)pos, (int)c_len);
       continue;
     }
     const int64_t src = (int64_t)b * width + (int64_t)g * D;
-    const int64_t base = ((((int64_t)layer * c_slots + slot) * c_heads + g) * c_len + pos) * D;
+    const int64_t base = ((((int64_t)layer * c_slots + slot) * c_heads + g) * c_len + at) * D;
     for (int d = lane; d < D; d += 32) {
-      st(vc, base + d, ld_act(vr, src + d));
+      const float v = ld_act(vr, src + d);
+      st(vc, base + d, v);
+      if (copy) st(vc, base + copy * D + d, v);
       h[d] = ld_act(kr, src + d);
     }
     __syncwarp();
     float outv[TILEVOX_MK_MAX_HEAD_DIM / 32];
     norm_rope_head(h, qkn, has_qkn, 1, inv_freq, pos, D, kr.dt, c.prm.rms_norm_eps, outv);
-    for (int j = 0, d = lane; d < D; d += 32, ++j) st(kc, base + d, outv[j]);
+    for (int j = 0, d = lane; d < D; d += 32, ++j) {
+      st(kc, base + d, outv[j]);
+      if (copy) st(kc, base + copy * D + d, outv[j]);
+    }
   }
   return true;
 }

@@ -45,6 +45,7 @@ TILEVOX_MK_OP bool op_qkv(const Ctx c, const int* inst, float* xs, float* hb) {
         const int b = b0 + ci;
         float* h = hb + ci * D;
         const int64_t pos = ld_int(positions, b) + step;
+        const int64_t at = cache_pos(c.prm.window, pos), copy = ring_copy(c.prm.window);  // a window's ring: twice
         if (hs <= G) {  // q or k: optional per-head rmsnorm, then rope
           float outv[TILEVOX_MK_MAX_HEAD_DIM / 32];
           norm_rope_head(h, qkn, has_qkn, hs < G ? 0 : 1, inv_freq, pos, D, x.dt, eps, outv);
@@ -53,21 +54,27 @@ TILEVOX_MK_OP bool op_qkv(const Ctx c, const int* inst, float* xs, float* hb) {
             for (int j = 0, d = lane; d < D; d += 32, ++j) st(qb, ((int64_t)b * H + head) * D + d, outv[j]);
           } else {
             const int64_t slot = ld_int(slots, b);
-            if (slot < 0 || slot >= c_slots || pos < 0 || pos >= c_len || group >= c_heads) {
+            if (slot < 0 || slot >= c_slots || pos < 0 || at + copy >= c_len || group >= c_heads) {
               if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)pos, (int)c_len);
               continue;
             }
-            const int64_t base = ((((int64_t)layer * c_slots + slot) * c_heads + group) * c_len + pos) * D;
-            for (int j = 0, d = lane; d < D; d += 32, ++j) st(kc, base + d, outv[j]);
+            const int64_t base = ((((int64_t)layer * c_slots + slot) * c_heads + group) * c_len + at) * D;
+            for (int j = 0, d = lane; d < D; d += 32, ++j) {
+              st(kc, base + d, outv[j]);
+              if (copy) st(kc, base + copy * D + d, outv[j]);
+            }
           }
         } else {  // v: straight into the cache
           const int64_t slot = ld_int(slots, b);
-          if (slot < 0 || slot >= c_slots || pos < 0 || pos >= c_len || group >= c_heads) {
+          if (slot < 0 || slot >= c_slots || pos < 0 || at + copy >= c_len || group >= c_heads) {
             if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)pos, (int)c_len);
             continue;
           }
-          const int64_t base = ((((int64_t)layer * c_slots + slot) * c_heads + group) * c_len + pos) * D;
-          for (int d = lane; d < D; d += 32) st(vc, base + d, h[d]);
+          const int64_t base = ((((int64_t)layer * c_slots + slot) * c_heads + group) * c_len + at) * D;
+          for (int d = lane; d < D; d += 32) {
+            st(vc, base + d, h[d]);
+            if (copy) st(vc, base + copy * D + d, h[d]);
+          }
         }
       }
       __syncthreads();

@@ -1,0 +1,183 @@
+"""Qwen3-TTS codec decode of one new frame: its sliding-window transformer as a megakernel region against the
+same transformer's conventional step, and the whole frame decode for scale, per batch size.
+
+Rows (batch 1 / 8 / 32 / 64 by default, random bf16 weights of the 12 Hz decoder, every stream 100 frames in,
+past the 72-frame window): the transformer step (input projection, 8 sliding-window layers, final norm and
+output projection) eagerly, replayed from a CUDA graph, under torch.compile(mode="reduce-overhead"), and as a
+megakernel region launched eagerly and from a CUDA graph; the whole incremental decode of one frame
+(`decode_incremental`, RVQ to waveform) from a CUDA graph; the weight-read floor of the transformer at 4.8 TB/s.
+CUDA events, medians. Each row also reports the largest difference between the region's output and the
+conventional step's on the same input and state (a check that the timed region computes the frame).
+CPU smoke: --device cpu --executor vm --preset tiny --batches 1,2 --no-compile --iters 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import add_tiling_args, apply_tiling_args
+from benchmarks.megakernel_correctness import Launcher
+from benchmarks.timing import capture, median_ms
+from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
+from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS, random_speech_tokenizer
+
+FLOOR_BANDWIDTH_BYTES_S = 4.8e12  # H200 HBM3e peak, as benchmarks/megakernel_h200.py
+TARGET_MS = {1: 0.5, 32: 2.0}  # issue 13: codec decode of one new frame (the whole decode, not only this part)
+START_FRAME = 100
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def _timed(fn: Callable[[], object], args, device, before=None) -> dict:
+    """{"ms": median} or {"error": message}: a variant that fails is reported, never dropped."""
+    try:
+        return {"ms": median_ms(fn, iters=args.iters, warmup=args.warmup, device=device, before=before)}
+    except Exception as exc:  # noqa: BLE001 - one variant's failure is part of the report
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return {"error": _error(exc)}
+
+
+def bench_batch(decoder, batch: int, args, device: torch.device, tiling: TilingConfig) -> dict:
+    transformer = decoder.pre_transformer
+    cfg = decoder.config
+    gen = torch.Generator().manual_seed(batch)
+    dtype = transformer.norm.weight.dtype
+    state = decoder.new_state(batch)
+    for keys, values in zip(state.keys, state.values, strict=True):  # earlier frames: any values
+        keys.copy_(torch.randn(keys.shape, generator=gen).to(dtype))
+        values.copy_(torch.randn(values.shape, generator=gen).to(dtype))
+    state.positions.fill_(START_FRAME)
+    x = torch.randn(batch, 1, cfg.latent_dim, generator=gen).to(device=device, dtype=dtype)
+    codes = torch.randint(0, cfg.codebook_size, (batch, cfg.num_quantizers, 1), generator=gen).to(device)
+    row: dict = {"batch": batch}
+    weight_bytes = sum(p.numel() * p.element_size() for p in transformer.parameters())
+    row["transformer_weight_bytes"] = weight_bytes
+    row["floor_ms"] = weight_bytes / FLOOR_BANDWIDTH_BYTES_S * 1e3
+
+    # The region, its ring caches filled with the same earlier frames as the state (both ring copies).
+    region = compile_region(
+        transformer, RegionSpec(lm_head=True), batch_size=batch, tiling=tiling, num_sms=args.num_sms
+    )
+    shape = region.program.buffer("k_cache").shape
+    window = cfg.sliding_window
+    caches = {name: torch.zeros(shape, dtype=dtype, device=device) for name in ("k_cache", "v_cache")}
+    for layer, (keys, values) in enumerate(zip(state.keys, state.values, strict=True)):
+        for name, held in (("k_cache", keys), ("v_cache", values)):
+            # DecoderState holds frames START - (window - 1) .. START - 1, oldest first; frame p sits at p % window.
+            for j in range(window - 1):
+                p = START_FRAME - (window - 1) + j
+                caches[name][layer, :, :, p % window] = held[:, :, j]
+                caches[name][layer, :, :, p % window + window] = held[:, :, j]
+    bound = {
+        **{name: t.to(device) for name, t in region.weights.items()},
+        "x_in": x[:, 0].contiguous(),
+        "positions": torch.full((batch,), START_FRAME, dtype=torch.int64, device=device),
+        "slots": torch.arange(batch, device=device),
+        **caches,
+    }
+    launcher = Launcher(region.program, bound, args.executor)
+
+    with torch.no_grad():
+        ref = transformer(x, state)[:, 0].float()
+        launcher.launch()
+        launcher.check_error()
+        row["region_max_abs_diff"] = (launcher.tensors["x_out"].float() - ref).abs().max().item()
+        row["transformer_eager"] = _timed(lambda: transformer(x, state), args, device)
+        row["megakernel_eager"] = _timed(launcher.launch, args, device)
+        if device.type == "cuda":
+            row["transformer_graph"] = _timed(capture(lambda: transformer(x, state), device), args, device)
+            row["megakernel_graph"] = _timed(capture(launcher.launch, device), args, device)
+            reset = lambda: state.positions.fill_(START_FRAME)  # noqa: E731 - decode_incremental advances them
+            row["frame_decode_graph"] = _timed(
+                capture(lambda: decoder.decode_incremental(codes, state), device, before=reset), args, device, reset
+            )
+            if args.compile:
+                compiled = torch.compile(lambda: transformer(x, state), mode="reduce-overhead")
+                row["transformer_compiled"] = _timed(compiled, args, device)
+        launcher.check_error()
+    return row
+
+
+def _cell(entry: dict | None) -> str:
+    if entry is None:
+        return "-"
+    return f"{entry['ms']:.3f}" if "ms" in entry else "error"
+
+
+def format_table(report: dict) -> str:
+    head = (
+        "| batch | transformer eager | transformer graph | torch.compile | megakernel | megakernel graph | "
+        "floor | whole frame decode (graph) | max abs diff |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['batch']} | {_cell(r.get('transformer_eager'))} | {_cell(r.get('transformer_graph'))} | "
+            f"{_cell(r.get('transformer_compiled'))} | {_cell(r.get('megakernel_eager'))} | "
+            f"{_cell(r.get('megakernel_graph'))} | {r['floor_ms']:.3f} | {_cell(r.get('frame_decode_graph'))} | "
+            f"{r['region_max_abs_diff']:.2e} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--executor", choices=("cuda", "vm"), default="cuda")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="12hz")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--batches", default="1,8,32,64")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--num-sms", type=int, default=132)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--out", type=Path)
+    add_tiling_args(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        args.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    tiling = apply_tiling_args(TilingConfig(), args)
+    decoder, _ = random_speech_tokenizer(
+        PRESETS[args.preset], seed=0, device=device, dtype=getattr(torch, args.dtype), with_encoder=False
+    )
+    rows = [bench_batch(decoder, int(b), args, device, tiling) for b in args.batches.split(",")]
+    report = {
+        "benchmark": "megakernel_codec",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": args.commit,
+        "torch": torch.__version__,
+        "preset": args.preset,
+        "dtype": args.dtype,
+        "executor": args.executor,
+        "tiling": tiling.to_dict(),
+        "start_frame": START_FRAME,
+        "targets_ms_whole_frame_decode": {str(k): v for k, v in TARGET_MS.items()},
+        "rows": rows,
+    }
+    table = format_table(report)
+    print(table)
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
