@@ -132,6 +132,7 @@ def test_codec_benchmark_smoke_on_cpu_with_the_vm(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert [row["batch"] for row in report["rows"]] == [1, 3]
     for row in report["rows"]:
-        assert row["region_max_abs_diff"] < 1e-5
+        assert row["region_max_abs_diff"] < 1e-5 and row["region_max_abs_diff_vs_fp32"] < 1e-5
+        assert row["accuracy_passed"] and row["accuracy_frames"] == 16
         assert "ms" in row["megakernel_eager"] and "ms" in row["transformer_eager"]
     assert "| 3 |" in capsys.readouterr().out and out.with_suffix(".md").exists()
