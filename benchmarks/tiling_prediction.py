@@ -30,10 +30,12 @@ from tilevox.engine_builder.regions.compiler import compile_region
 from tilevox.engine_builder.regions.cost import calibrated
 from tilevox.engine_builder.regions.schedule import simulate
 from tilevox.engine_builder.regions.spec import RegionSpec, region_spec
+from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS as SPEECH_PRESETS
+from tilevox.models.qwen3_tts.speech_tokenizer.decoder import Transformer
 from tilevox.models.region_backends import TALKER_STEP
 from tilevox.models.registry import meta_regions
 
-MODELS = ("llama-1b", "qwen3-tts-0.6b-talker", "qwen3-tts-0.6b-predictor")
+MODELS = ("llama-1b", "qwen3-tts-0.6b-talker", "qwen3-tts-0.6b-predictor", "qwen3-tts-codec-transformer")
 
 
 def tiling_of(base, names: str):
@@ -53,6 +55,10 @@ def _region(model: str) -> tuple[torch.nn.Module, RegionSpec, bool]:
     """(meta-device region, its spec, whether it attends the profile's context) of one of MODELS."""
     if model == "llama-1b":
         return meta_regions("llama-1b", dtype=torch.bfloat16)["decoder_step"], RegionSpec.full_step(1), True
+    if model == "qwen3-tts-codec-transformer":  # the 12 Hz codec decoder's transformer, a full 72-frame window
+        with torch.device("meta"):
+            transformer = Transformer(SPEECH_PRESETS["12hz"].decoder).to(torch.bfloat16)
+        return transformer, RegionSpec(lm_head=True), False
     regions = meta_regions("qwen3-tts-0.6b", dtype=torch.bfloat16)
     if model == "qwen3-tts-0.6b-talker":  # one talker step at the profile's context, its codec head included
         return regions["talker_step"], region_spec(TALKER_STEP), True

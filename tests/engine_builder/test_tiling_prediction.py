@@ -46,3 +46,13 @@ def test_unknown_models_are_refused(capsys):
     with pytest.raises(SystemExit):
         tiling_prediction.main(argv)
     assert "unknown models ['llama-70b']" in capsys.readouterr().err
+
+
+def test_the_codec_transformer_region_is_predicted(tmp_path):
+    """The Qwen3-TTS codec's sliding-window transformer (12 Hz decoder shapes, meta device) compiles and
+    simulates at both calibrated batch sizes; more rows take longer."""
+    out = tmp_path / "codec.json"
+    argv = ["--profile", str(PROFILE), "--tilings", "balanced", "--models", "qwen3-tts-codec-transformer"]
+    assert tiling_prediction.main([*argv, "--out", str(out)]) == 0
+    ms = {r["batch"]: r["predicted_ms"] for r in json.loads(out.read_text())["rows"]}
+    assert sorted(ms) == [1, 32] and 0 < ms[1] < ms[32]
