@@ -490,7 +490,8 @@ def _attention_and_mlp(
         )
     wo = b.weight(prefix + "w_o", w.w_o)
     attn_scale, mlp_scale = (
-        b.weight(prefix + n, t) for n, t in (("attn_layer_scale", w.attn_layer_scale), ("mlp_layer_scale", w.mlp_layer_scale))
+        b.weight(prefix + n, t)
+        for n, t in (("attn_layer_scale", w.attn_layer_scale), ("mlp_layer_scale", w.mlp_layer_scale))
     )
     x_mid = b.act(tag + "x_mid", hidden)
     hd = c.num_heads * d
@@ -975,8 +976,12 @@ def _output_projection(b: _Builder, tiling: TilingConfig, *, step: int, x: int, 
         rows=weight.shape[0],
         tile_rows=tiling.matvec_rows,
         in_width=v.hidden_size,
-        inputs=(x, b.weight("final_norm", v.final_norm), b.weight("output_projection.weight", weight),
-                b.weight("output_projection.bias", bias)),
+        inputs=(
+            x,
+            b.weight("final_norm", v.final_norm),
+            b.weight("output_projection.weight", weight),
+            b.weight("output_projection.bias", bias),
+        ),
         outputs=(y,),
         waits=(x_wait,),
         norm=True,

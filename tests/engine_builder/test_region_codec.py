@@ -91,8 +91,13 @@ def test_codec_transformer_region_matches_the_streaming_transformer(decoder, til
                 alone.positions.add_(1)
                 out = run_program(
                     single.program,
-                    {**single.weights, "x_in": history[row : row + 1, t], "positions": torch.tensor([t]),
-                     "slots": torch.tensor([row]), **caches},
+                    {
+                        **single.weights,
+                        "x_in": history[row : row + 1, t],
+                        "positions": torch.tensor([t]),
+                        "slots": torch.tensor([row]),
+                        **caches,
+                    },
                 )
                 torch.testing.assert_close(out["x_out"], ref, atol=ATOL, rtol=0)
             state.put([row], alone)
@@ -102,8 +107,13 @@ def test_codec_transformer_region_matches_the_streaming_transformer(decoder, til
             state.positions.add_(1)
             out = run_program(
                 region.program,
-                {**region.weights, "x_in": x, "positions": torch.tensor(starts) + t, "slots": torch.arange(batch),
-                 **caches},
+                {
+                    **region.weights,
+                    "x_in": x,
+                    "positions": torch.tensor(starts) + t,
+                    "slots": torch.arange(batch),
+                    **caches,
+                },
                 policy=SchedulePolicy.RANDOM,
                 seed=t,
             )

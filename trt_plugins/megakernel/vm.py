@@ -239,7 +239,7 @@ class _Machine:
         for partition in range(inst.tile_start, inst.tile_stop):
             first = partition * c.partition_tokens
             for row in rows:
-                length, slot = lengths[row], slot_list[row]
+                slot = slot_list[row]
                 count, phys = spans[row]  # keys [length - count, length) at cache positions [phys, phys + count)
                 last = min(first + c.partition_tokens, count)
                 if last <= first:  # nothing of this row's context falls in the partition
