@@ -5,7 +5,10 @@ Rows (batch 1 / 8 / 32 / 64 by default, random bf16 weights of the 12 Hz decoder
 past the 72-frame window): the transformer step (input projection, 8 sliding-window layers, final norm and
 output projection) eagerly, replayed from a CUDA graph, under torch.compile(mode="reduce-overhead"), and as a
 megakernel region launched eagerly and from a CUDA graph; the whole incremental decode of one frame
-(`decode_incremental`, RVQ to waveform) from a CUDA graph; the weight-read floor of the transformer at 4.8 TB/s.
+(`decode_incremental`, RVQ to waveform) from a CUDA graph, and the same frame with the region in place of the
+transformer (decode_front and decode_back from CUDA graphs of their own, the region's launch between them, with
+the largest sample difference to decode_incremental over 4 frames); the weight-read floor of the transformer at
+4.8 TB/s.
 CUDA events, medians. Each row also reports the largest difference between the region's output and the
 conventional step's, and both against an fp32 twin of the transformer, over --accuracy-frames frames (the
 stated bf16 bound: the region no further from fp32 than 1.25 x the conventional bf16 step, + 1e-3 of the scale).
@@ -89,10 +92,20 @@ def bench_batch(decoder, batch: int, args, device: torch.device, tiling: TilingC
     }
     launcher = Launcher(region.program, bound, args.executor)
 
+    x_in, x_out, pos_in = (launcher.tensors[name] for name in ("x_in", "x_out", "positions"))
+
+    def front() -> None:  # RVQ and pre-conv, their output into the region's input
+        x_in.copy_(decoder.decode_front(codes, state)[:, 0])
+        pos_in.copy_(state.positions)
+
+    def back() -> torch.Tensor:  # the region's output through the upsamplers and the decoder
+        return decoder.decode_back(x_out[:, None], state)
+
     with torch.no_grad():
         row.update(_accuracy(transformer, state, launcher, args.accuracy_frames, gen))
+        row.update(_frame_accuracy(decoder, state, codes, front, launcher, back, gen))
         state.positions.fill_(START_FRAME)
-        launcher.tensors["positions"].fill_(START_FRAME)
+        pos_in.fill_(START_FRAME)
         row["transformer_eager"] = _timed(lambda: transformer(x, state), args, device)
         row["megakernel_eager"] = _timed(launcher.launch, args, device)
         if device.type == "cuda":
@@ -102,6 +115,10 @@ def bench_batch(decoder, batch: int, args, device: torch.device, tiling: TilingC
             row["frame_decode_graph"] = _timed(
                 capture(lambda: decoder.decode_incremental(codes, state), device, before=reset), args, device, reset
             )
+            # The same frame with the transformer as the region: front and back each from a CUDA graph of
+            # their own, the region's launch between them from a third.
+            parts = [capture(front, device, before=reset), capture(launcher.launch, device), capture(back, device)]
+            row["frame_decode_with_region_graph"] = _timed(lambda: [part() for part in parts], args, device, reset)
             if args.compile:
                 compiled = torch.compile(lambda: transformer(x, state), mode="reduce-overhead")
                 row["transformer_compiled"] = _timed(compiled, args, device)
@@ -145,6 +162,24 @@ def _accuracy(transformer, state, launcher: Launcher, frames: int, gen: torch.Ge
     }
 
 
+def _frame_accuracy(decoder, state, codes, front, launcher: Launcher, back, gen: torch.Generator, frames: int = 4):
+    """`frames` whole frame decodes with the transformer as the region (front, region, back) against
+    decode_incremental from a copy of the same state (its transformer keys hold the frames the region's rings
+    hold): the largest sample difference, and the samples' scale."""
+    reference = copy.deepcopy(state)
+    diff = scale = 0.0
+    for _ in range(frames):
+        codes.copy_(torch.randint(0, decoder.config.codebook_size, codes.shape, generator=gen))
+        ref = decoder.decode_incremental(codes, reference).float()
+        front()
+        launcher.launch()
+        out = back().float()
+        diff = max(diff, (out - ref).abs().max().item())
+        scale = max(scale, ref.abs().max().item())
+    launcher.check_error()
+    return {"frame_max_abs_sample_diff": diff, "frame_sample_scale": scale}
+
+
 def _cell(entry: dict | None) -> str:
     if entry is None:
         return "-"
@@ -154,7 +189,8 @@ def _cell(entry: dict | None) -> str:
 def format_table(report: dict) -> str:
     head = (
         "| batch | transformer eager | transformer graph | torch.compile | megakernel | megakernel graph | "
-        "floor | whole frame decode (graph) | vs fp32: megakernel / conventional |\n|---|---|---|---|---|---|---|---|---|"
+        "floor | whole frame decode (graph) | frame decode with the region (graphs) | vs fp32: megakernel / "
+        "conventional | frame samples max abs diff |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in report["rows"]:
@@ -162,8 +198,9 @@ def format_table(report: dict) -> str:
             f"| {r['batch']} | {_cell(r.get('transformer_eager'))} | {_cell(r.get('transformer_graph'))} | "
             f"{_cell(r.get('transformer_compiled'))} | {_cell(r.get('megakernel_eager'))} | "
             f"{_cell(r.get('megakernel_graph'))} | {r['floor_ms']:.3f} | {_cell(r.get('frame_decode_graph'))} | "
+            f"{_cell(r.get('frame_decode_with_region_graph'))} | "
             f"{r['region_max_abs_diff_vs_fp32']:.2e} / {r['conventional_max_abs_diff_vs_fp32']:.2e}"
-            f"{'' if r['accuracy_passed'] else ' FAIL'} |"
+            f"{'' if r['accuracy_passed'] else ' FAIL'} | {r['frame_max_abs_sample_diff']:.2e} |"
         )
     return "\n".join(lines)
 

@@ -131,7 +131,8 @@ def test_codec_region_refuses_a_context_other_than_its_window_and_a_short_ring(d
 
 def test_codec_benchmark_smoke_on_cpu_with_the_vm(tmp_path, capsys):
     """benchmarks/megakernel_codec.py on CPU (VM, fp32 tiny decoder): its ring caches, filled from the
-    DecoderState's earlier frames, give the conventional step's output; JSON and table written."""
+    DecoderState's earlier frames, give the conventional step's output, and whole frames decoded through the
+    region give decode_incremental's samples; JSON and table written."""
     import json
 
     from benchmarks import megakernel_codec
@@ -144,5 +145,7 @@ def test_codec_benchmark_smoke_on_cpu_with_the_vm(tmp_path, capsys):
     for row in report["rows"]:
         assert row["region_max_abs_diff"] < 1e-5 and row["region_max_abs_diff_vs_fp32"] < 1e-5
         assert row["accuracy_passed"] and row["accuracy_frames"] == 16
+        # The whole frame with the region in place of the transformer (decode_front, region, decode_back).
+        assert row["frame_max_abs_sample_diff"] < 1e-5 and row["frame_sample_scale"] > 0.05
         assert "ms" in row["megakernel_eager"] and "ms" in row["transformer_eager"]
     assert "| 3 |" in capsys.readouterr().out and out.with_suffix(".md").exists()

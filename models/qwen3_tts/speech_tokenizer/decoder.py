@@ -551,13 +551,24 @@ class SpeechTokenizerDecoder(nn.Module):
             raise ValueError("decode_incremental needs at least one frame")
         if codes.shape[0] != state.batch_size:
             raise ValueError(f"codes batch {codes.shape[0]} != state batch {state.batch_size}")
-        h = self.pre_conv.step(self.quantizer.decode(codes), state)
-        h = self.pre_transformer(h.transpose(1, 2), state).transpose(1, 2)
+        h = self.decode_front(codes, state)
+        return self.decode_back(self.pre_transformer(h, state), state)
+
+    def decode_front(self, codes: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        """decode_incremental up to the transformer: RVQ lookup and the causal pre-conv of the next n frames
+        (B, Q, n) -> the transformer's input (B, n, latent); advances the pre-conv's tail only."""
+        return self.pre_conv.step(self.quantizer.decode(codes), state).transpose(1, 2)
+
+    def decode_back(self, h: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        """decode_incremental after the transformer: its output (B, n, latent) through the upsamplers and the
+        SnakeBeta decoder -> samples (B, n * samples_per_frame); advances their state and the positions."""
+        frames = h.shape[1]
+        h = h.transpose(1, 2)
         for trans, convnext in self.upsample:
             h = convnext.step(trans.step(h, state), state)
         for module in self.decoder:
             h = module.step(h, state)
-        state.positions.add_(codes.shape[-1])
+        state.positions.add_(frames)
         return h.clamp(-1.0, 1.0)[:, 0]
 
     def decode_slots(self, codes: torch.Tensor, pool: DecoderState, slots: torch.Tensor) -> torch.Tensor:
