@@ -74,7 +74,7 @@ class LayerWeights:
     w_up: torch.Tensor  # (I, hidden)
     w_down: torch.Tensor  # (hidden, I)
     cross: CrossAttentionWeights | None = None  # NH_TTS: every layer has one; others: None
-    # Layer scales (QWEN3_TTS_CODEC): x += attn_scale * attention, x += mlp_scale * mlp; None: none.
+    # Layer scales (QWEN3_TTS_CODEC): x += attn_layer_scale * attention, x += mlp_layer_scale * mlp; None: none.
     attn_layer_scale: torch.Tensor | None = None  # (hidden,)
     mlp_layer_scale: torch.Tensor | None = None  # (hidden,)
 
