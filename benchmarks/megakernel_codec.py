@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import add_tiling_args, apply_tiling_args
+from benchmarks.common import add_tiling_args, apply_tiling_args, device_name, utc_now
 from benchmarks.megakernel_correctness import Launcher
 from benchmarks.timing import capture, median_ms
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
@@ -235,8 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [bench_batch(decoder, int(b), args, device, tiling) for b in args.batches.split(",")]
     report = {
         "benchmark": "megakernel_codec",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": device_name(device.type),
+        "date": utc_now(),
         "commit": args.commit,
         "torch": torch.__version__,
         "preset": args.preset,

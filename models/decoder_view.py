@@ -21,6 +21,7 @@ __all__ = [
     "LayerWeights",
     "ModelFamily",
     "decoder_view",
+    "layer_weights_of",
 ]
 
 
@@ -110,6 +111,25 @@ class DecoderView:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+
+def layer_weights_of(layer: torch.nn.Module, **extra: torch.Tensor | None) -> LayerWeights:
+    """The LayerWeights of a decoder layer in the common (Llama / Qwen3 / the Qwen3-TTS codec) module layout:
+    input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj; `extra`
+    sets the other fields (qk_norm, layer scales), None by default. No copies."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return LayerWeights(
+        ln1=layer.input_layernorm.weight,
+        w_q=attn.q_proj.weight,
+        w_k=attn.k_proj.weight,
+        w_v=attn.v_proj.weight,
+        w_o=attn.o_proj.weight,
+        ln2=layer.post_attention_layernorm.weight,
+        w_gate=mlp.gate_proj.weight,
+        w_up=mlp.up_proj.weight,
+        w_down=mlp.down_proj.weight,
+        **{"qk_norm": None, **extra},
+    )
 
 
 def decoder_view(module: torch.nn.Module) -> DecoderView:

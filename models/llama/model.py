@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from tilevox.models.decoder_view import DecoderView, LayerWeights, ModelFamily
+from tilevox.models.decoder_view import DecoderView, ModelFamily, layer_weights_of
 from tilevox.models.host_copy import to_device
 from tilevox.models.kv_cache_write import write_kv_cache
 from tilevox.models.layers import GatedMLP, RMSNorm, gather_keys, slot_attention, slot_attention_supported
@@ -261,21 +261,7 @@ class LlamaForCausalLM(nn.Module):
         c = self.config
         if c.attention_bias or c.mlp_bias:
             raise ValueError("Llama regions do not support attention_bias / mlp_bias")
-        layers = tuple(
-            LayerWeights(
-                ln1=layer.input_layernorm.weight,
-                w_q=layer.self_attn.q_proj.weight,
-                w_k=layer.self_attn.k_proj.weight,
-                w_v=layer.self_attn.v_proj.weight,
-                qk_norm=None,
-                w_o=layer.self_attn.o_proj.weight,
-                ln2=layer.post_attention_layernorm.weight,
-                w_gate=layer.mlp.gate_proj.weight,
-                w_up=layer.mlp.up_proj.weight,
-                w_down=layer.mlp.down_proj.weight,
-            )
-            for layer in self.model.layers
-        )
+        layers = tuple(layer_weights_of(layer) for layer in self.model.layers)
         return DecoderView(
             family=ModelFamily.LLAMA,
             hidden_size=c.hidden_size,

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tilevox.models.decoder_view import LayerWeights
+from tilevox.models.decoder_view import LayerWeights, layer_weights_of
 from tilevox.models.kv_cache_write import write_kv_cache
 from tilevox.models.layers import GatedMLP, RMSNorm, gather_keys, slot_attention, slot_attention_supported
 from tilevox.models.qwen3_tts.config import TransformerConfig
@@ -259,24 +259,12 @@ class DecoderStack(nn.Module):
 
     def layer_weights(self) -> tuple[LayerWeights, ...]:
         """Each layer's weights by role (models.decoder_view), for a region compiler; no copies."""
-        out = []
-        for layer in self.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            out.append(
-                LayerWeights(
-                    ln1=layer.input_layernorm.weight,
-                    w_q=attn.q_proj.weight,
-                    w_k=attn.k_proj.weight,
-                    w_v=attn.v_proj.weight,
-                    qk_norm=torch.stack((attn.q_norm.weight, attn.k_norm.weight)).detach(),
-                    w_o=attn.o_proj.weight,
-                    ln2=layer.post_attention_layernorm.weight,
-                    w_gate=mlp.gate_proj.weight,
-                    w_up=mlp.up_proj.weight,
-                    w_down=mlp.down_proj.weight,
-                )
+        return tuple(
+            layer_weights_of(
+                layer, qk_norm=torch.stack((layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight)).detach()
             )
-        return tuple(out)
+            for layer in self.layers
+        )
 
     def region_inv_freq(self) -> torch.Tensor:
         """The stack's RoPE frequencies as forward computes them (rope_scaling included). A region's RoPE

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tilevox.models.decoder_view import DecoderView, LayerWeights, ModelFamily
+from tilevox.models.decoder_view import DecoderView, ModelFamily, layer_weights_of
 from tilevox.models.layers import GatedMLP, RMSNorm
 from tilevox.models.qwen3_tts.speech_tokenizer.config import SpeechDecoderConfig
 
@@ -367,19 +367,8 @@ class Transformer(nn.Module):
             raise ValueError("the codec transformer has attention biases, which no megakernel region runs")
         c = self.config
         layers = tuple(
-            LayerWeights(
-                ln1=layer.input_layernorm.weight,
-                w_q=layer.self_attn.q_proj.weight,
-                w_k=layer.self_attn.k_proj.weight,
-                w_v=layer.self_attn.v_proj.weight,
-                qk_norm=None,
-                w_o=layer.self_attn.o_proj.weight,
-                ln2=layer.post_attention_layernorm.weight,
-                w_gate=layer.mlp.gate_proj.weight,
-                w_up=layer.mlp.up_proj.weight,
-                w_down=layer.mlp.down_proj.weight,
-                attn_layer_scale=layer.self_attn_layer_scale.scale,
-                mlp_layer_scale=layer.mlp_layer_scale.scale,
+            layer_weights_of(
+                layer, attn_layer_scale=layer.self_attn_layer_scale.scale, mlp_layer_scale=layer.mlp_layer_scale.scale
             )
             for layer in self.layers
         )
