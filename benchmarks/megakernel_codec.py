@@ -8,7 +8,8 @@ megakernel region launched eagerly and from a CUDA graph; the whole incremental 
 (`decode_incremental`, RVQ to waveform) from a CUDA graph, and the same frame with the region in place of the
 transformer (decode_front and decode_back from CUDA graphs of their own, the region's launch between them, with
 the largest sample difference to decode_incremental over 4 frames); the weight-read floor of the transformer at
-4.8 TB/s.
+4.8 TB/s. As served: the executor's graphed codec decode (decode_slots of a pool's rows) against the megakernel
+backend (executor.megakernel.MegakernelCodecDecode: the whole call one CUDA graph with the region in it).
 CUDA events, medians. Each row also reports the largest difference between the region's output and the
 conventional step's, and both against an fp32 twin of the transformer, over --accuracy-frames frames (the
 stated bf16 bound: the region no further from fp32 than 1.25 x the conventional bf16 step, + 1e-3 of the scale).
@@ -29,7 +30,7 @@ import torch
 from benchmarks.common import add_tiling_args, apply_tiling_args, device_name, utc_now
 from benchmarks.megakernel_correctness import Launcher
 from benchmarks.timing import capture, median_ms
-from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
+from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region, region_compiler
 from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS, random_speech_tokenizer
 
 FLOOR_BANDWIDTH_BYTES_S = 4.8e12  # H200 HBM3e peak, as benchmarks/megakernel_h200.py
@@ -57,9 +58,10 @@ def bench_batch(decoder, batch: int, args, device: torch.device, tiling: TilingC
     gen = torch.Generator().manual_seed(batch)
     dtype = transformer.norm.weight.dtype
     state = decoder.new_state(batch)
-    for keys, values in zip(state.keys, state.values, strict=True):  # earlier frames: any values
-        keys.copy_(torch.randn(keys.shape, generator=gen).to(dtype))
-        values.copy_(torch.randn(values.shape, generator=gen).to(dtype))
+    window = cfg.sliding_window
+    for ring in (state.keys, state.values):  # earlier frames, any values: one copy, then its twin
+        ring[..., :window, :].copy_(torch.randn(ring[..., :window, :].shape, generator=gen).to(dtype))
+        ring[..., window:, :].copy_(ring[..., :window, :])
     state.positions.fill_(START_FRAME)
     x = torch.randn(batch, 1, cfg.latent_dim, generator=gen).to(device=device, dtype=dtype)
     codes = torch.randint(0, cfg.codebook_size, (batch, cfg.num_quantizers, 1), generator=gen).to(device)
@@ -68,42 +70,37 @@ def bench_batch(decoder, batch: int, args, device: torch.device, tiling: TilingC
     row["transformer_weight_bytes"] = weight_bytes
     row["floor_ms"] = weight_bytes / FLOOR_BANDWIDTH_BYTES_S * 1e3
 
-    # The region, its ring caches filled with the same earlier frames as the state (both ring copies).
+    # The region, bound to the rings of a copy of the state (DecoderState.keys / values are its k_cache /
+    # v_cache layout), which decode_front / decode_back of the frames through the region also advance.
     region = compile_region(
         transformer, RegionSpec(lm_head=True), batch_size=batch, tiling=tiling, num_sms=args.num_sms
     )
-    shape = region.program.buffer("k_cache").shape
-    window = cfg.sliding_window
-    caches = {name: torch.zeros(shape, dtype=dtype, device=device) for name in ("k_cache", "v_cache")}
-    for layer, (keys, values) in enumerate(zip(state.keys, state.values, strict=True)):
-        for name, held in (("k_cache", keys), ("v_cache", values)):
-            # DecoderState holds frames START - (window - 1) .. START - 1, oldest first; frame p sits at p % window.
-            for j in range(window - 1):
-                p = START_FRAME - (window - 1) + j
-                caches[name][layer, :, :, p % window] = held[:, :, j]
-                caches[name][layer, :, :, p % window + window] = held[:, :, j]
+    mk_state = copy.deepcopy(state)
     bound = {
         **{name: t.to(device) for name, t in region.weights.items()},
         "x_in": x[:, 0].contiguous(),
         "positions": torch.full((batch,), START_FRAME, dtype=torch.int64, device=device),
         "slots": torch.arange(batch, device=device),
-        **caches,
+        "k_cache": mk_state.keys,
+        "v_cache": mk_state.values,
     }
     launcher = Launcher(region.program, bound, args.executor)
 
     x_in, x_out, pos_in = (launcher.tensors[name] for name in ("x_in", "x_out", "positions"))
 
     def front() -> None:  # RVQ and pre-conv, their output into the region's input
-        x_in.copy_(decoder.decode_front(codes, state)[:, 0])
-        pos_in.copy_(state.positions)
+        x_in.copy_(decoder.decode_front(codes, mk_state)[:, 0])
+        pos_in.copy_(mk_state.positions)
 
     def back() -> torch.Tensor:  # the region's output through the upsamplers and the decoder
-        return decoder.decode_back(x_out[:, None], state)
+        return decoder.decode_back(x_out[:, None], mk_state)
 
     with torch.no_grad():
         row.update(_accuracy(transformer, state, launcher, args.accuracy_frames, gen))
-        row.update(_frame_accuracy(decoder, state, codes, front, launcher, back, gen))
-        state.positions.fill_(START_FRAME)
+        mk_state.positions.copy_(launcher.tensors["positions"])
+        row.update(_frame_accuracy(decoder, mk_state, codes, front, launcher, back, gen))
+        for held in (state, mk_state):
+            held.positions.fill_(START_FRAME)
         pos_in.fill_(START_FRAME)
         row["transformer_eager"] = _timed(lambda: transformer(x, state), args, device)
         row["megakernel_eager"] = _timed(launcher.launch, args, device)
@@ -116,13 +113,44 @@ def bench_batch(decoder, batch: int, args, device: torch.device, tiling: TilingC
             )
             # The same frame with the transformer as the region: front and back each from a CUDA graph of
             # their own, the region's launch between them from a third.
-            parts = [capture(front, device, before=reset), capture(launcher.launch, device), capture(back, device)]
-            row["frame_decode_with_region_graph"] = _timed(lambda: [part() for part in parts], args, device, reset)
+            mk_reset = lambda: mk_state.positions.fill_(START_FRAME)  # noqa: E731
+            parts = [capture(front, device, before=mk_reset), capture(launcher.launch, device), capture(back, device)]
+            row["frame_decode_with_region_graph"] = _timed(lambda: [part() for part in parts], args, device, mk_reset)
             if args.compile:
                 compiled = torch.compile(lambda: transformer(x, state), mode="reduce-overhead")
                 row["transformer_compiled"] = _timed(compiled, args, device)
+        row.update(_served(decoder, state, codes, args, device, tiling))
         launcher.check_error()
     return row
+
+
+def _served(decoder, state, codes, args, device: torch.device, tiling: TilingConfig) -> dict:
+    """The codec decode as served (the CODEC_DECODE region of a pool of 2 x batch streams, every other row
+    decoding): the executor's graphed decode_slots against the megakernel backend (the whole call one CUDA graph
+    with the region's launch in it), each on a pool of its own filled from the same state."""
+    from tilevox.executor.graphs import GraphedCodecDecode
+    from tilevox.executor.megakernel import BackendOptions, Executor, MegakernelCodecDecode
+
+    batch = state.batch_size
+    slots = torch.arange(0, 2 * batch, 2, device=device)
+    backends = {
+        "served_decode_graph": GraphedCodecDecode(decoder),
+        "served_decode_megakernel": MegakernelCodecDecode(
+            decoder,
+            BackendOptions(compiler=region_compiler(tiling), num_sms=args.num_sms, executor=Executor(args.executor)),
+        ),
+    }
+    out, first = {}, {}
+    for name, backend in backends.items():
+        pool = decoder.new_state(2 * batch)
+        pool.put(slots, state)
+        first[name] = backend(codes, pool, slots).float()  # the same frame from the same state on both
+        out[name] = _timed(lambda backend=backend, pool=pool: backend(codes, pool, slots), args, device)
+        if isinstance(backend, MegakernelCodecDecode):
+            backend.check()
+    names = list(backends)
+    out["served_max_abs_sample_diff"] = (first[names[0]] - first[names[1]]).abs().max().item()
+    return out
 
 
 def _accuracy(transformer, state, launcher: Launcher, frames: int, gen: torch.Generator) -> dict:
@@ -132,8 +160,7 @@ def _accuracy(transformer, state, launcher: Launcher, frames: int, gen: torch.Ge
     bf16 factor) plus 1e-3 of the output's scale."""
     twin = copy.deepcopy(transformer).float()
     twin_state = copy.deepcopy(state)
-    twin_state.keys = [k.float() for k in twin_state.keys]
-    twin_state.values = [v.float() for v in twin_state.values]
+    twin_state.keys, twin_state.values = twin_state.keys.float(), twin_state.values.float()
     x_in, positions = launcher.tensors["x_in"], launcher.tensors["positions"]
     region_diff = conventional_diff = region_vs_conventional = scale = 0.0
     for _ in range(frames):
@@ -162,9 +189,9 @@ def _accuracy(transformer, state, launcher: Launcher, frames: int, gen: torch.Ge
 
 
 def _frame_accuracy(decoder, state, codes, front, launcher: Launcher, back, gen: torch.Generator, frames: int = 4):
-    """`frames` whole frame decodes with the transformer as the region (front, region, back) against
-    decode_incremental from a copy of the same state (its transformer keys hold the frames the region's rings
-    hold): the largest sample difference, and the samples' scale."""
+    """`frames` whole frame decodes with the transformer as the region (front, region, back, all on `state`,
+    whose rings the region binds) against decode_incremental from a copy of the same state: the largest sample
+    difference, and the samples' scale."""
     reference = copy.deepcopy(state)
     diff = scale = 0.0
     for _ in range(frames):
@@ -189,7 +216,8 @@ def format_table(report: dict) -> str:
     head = (
         "| batch | transformer eager | transformer graph | torch.compile | megakernel | megakernel graph | "
         "floor | whole frame decode (graph) | frame decode with the region (graphs) | vs fp32: megakernel / "
-        "conventional | frame samples max abs diff |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "conventional | frame samples max abs diff | served decode: graph / megakernel |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in report["rows"]:
@@ -199,7 +227,8 @@ def format_table(report: dict) -> str:
             f"{_cell(r.get('megakernel_graph'))} | {r['floor_ms']:.3f} | {_cell(r.get('frame_decode_graph'))} | "
             f"{_cell(r.get('frame_decode_with_region_graph'))} | "
             f"{r['region_max_abs_diff_vs_fp32']:.2e} / {r['conventional_max_abs_diff_vs_fp32']:.2e}"
-            f"{'' if r['accuracy_passed'] else ' FAIL'} | {r['frame_max_abs_sample_diff']:.2e} |"
+            f"{'' if r['accuracy_passed'] else ' FAIL'} | {r['frame_max_abs_sample_diff']:.2e} | "
+            f"{_cell(r.get('served_decode_graph'))} / {_cell(r.get('served_decode_megakernel'))} |"
         )
     return "\n".join(lines)
 

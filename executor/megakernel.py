@@ -50,7 +50,7 @@ from typing import Protocol
 
 import torch
 
-from tilevox.executor.graphs import BATCH_BUCKETS, batch_bucket
+from tilevox.executor.graphs import BATCH_BUCKETS, _Graphs, batch_bucket
 from tilevox.executor.megakernel_inputs import (
     CompiledProgram,
     code_predictor_inputs,
@@ -65,10 +65,12 @@ from tilevox.models.qwen3_tts.layers import CacheView, KVCache
 from tilevox.models.qwen3_tts.talker import Talker
 from tilevox.models.region_backends import (
     CODE_PREDICTOR_LOOP,
+    CODEC_DECODE,
     DECODER_STEP,
     NH_DECODER_STEP,
     TALKER_STEP,
     PredictorRows,
+    executor_region_names,
     region_module,
     region_names,
     set_region_backend,
@@ -94,6 +96,7 @@ __all__ = [
     "BackendOptions",
     "Executor",
     "MegakernelCodePredictorLoop",
+    "MegakernelCodecDecode",
     "MegakernelDecoderStep",
     "MegakernelFaultError",
     "MegakernelNhDecoderStep",
@@ -105,6 +108,7 @@ __all__ = [
     "RegionCompiler",
     "install_megakernel_regions",
     "make_backend",
+    "megakernel_region_names",
     "parse_regions",
 ]
 
@@ -425,6 +429,22 @@ class _RegionRunner:
             if compiled.graph is None and self.capture:
                 compiled.graph = self._capture(launch)
             return launch.tensors
+
+    def bound_launch(self, compiled: _Compiled, state: Mapping[str, torch.Tensor]) -> tuple[BoundLaunch, _Staging]:
+        """CUDA: `compiled`'s launch, bound to the STATE tensors in `state` (on first use; later calls must
+        name the same tensors), and its staging of INPUT buffers (every input then comes from the device), for
+        a caller that stages and launches by itself inside a CUDA graph of its own."""
+        if compiled.launch is None:
+            placeholders = {
+                spec.name: torch.empty(0, device=self.device)
+                for spec in compiled.region.program.buffers
+                if spec.kind is BufferKind.INPUT
+            }
+            compiled.launch, compiled.staging = self._bind(compiled, {**placeholders, **state})
+        for name, tensor in state.items():
+            if tensor.data_ptr() != compiled.launch.tensors[name].data_ptr():
+                raise AssertionError(f"{name} moved since the region was bound")
+        return compiled.launch, compiled.staging
 
     def _capture(self, launch: BoundLaunch) -> torch.cuda.CUDAGraph:
         """A CUDA graph of one launch (check=False) of `launch`, captured on a side stream after its first,
@@ -777,19 +797,108 @@ class MegakernelNhDecoderStep(_Backend):
         return out["s0.logits"][:batch].view(batch, dec.num_channels, dec.vocab_size).clone()
 
 
+class MegakernelCodecDecode(_Backend):
+    """SpeechTokenizerDecoder.decode_slots (the CODEC_DECODE executor region) with the codec's sliding-window
+    transformer as a megakernel region; the RVQ lookup and the convolutions before it (decode_front) and the
+    upsamplers and SnakeBeta decoder after it (decode_back) stay conventional. The region reads and writes the
+    pool's own rings in place (DecoderState.keys / values are its k_cache / v_cache), so the conventional
+    decode of any later call continues the same streams exactly: a call this backend cannot take runs
+    decode_slots, and nothing has to be moved between the two.
+
+    n new frames per row: decode_front of all n, n launches of the region (frame f at position + f), then
+    decode_back of all n. CUDA with graphs (BackendOptions.cuda_graphs, not sync_check): the whole call (state
+    gather, front, the launches, back, scatter) is one CUDA graph per (batch bucket, n), the first call of a
+    key running eagerly as executor.graphs captures; each launch's error words are copied behind it inside the
+    graph and checked as the other backends' are, one call late."""
+
+    name = CODEC_DECODE
+
+    def __init__(self, decoder: torch.nn.Module, options: BackendOptions = BackendOptions()) -> None:
+        super().__init__(options)
+        device = next(decoder.parameters()).device
+        if options.executor is Executor.CUDA:
+            _check_cuda(device)
+        _checked_view(decoder.pre_transformer)
+        self.decoder, self.device = decoder, device
+        capture = options.executor is Executor.CUDA and options.cuda_graphs and not options.sync_check
+        self._graphs = _Graphs(device, capture) if capture else None
+
+    def __call__(self, codes: torch.Tensor, pool, slots: torch.Tensor) -> torch.Tensor:
+        self.decoder.check_codes(codes)
+        batch, _, frames = codes.shape
+        if frames < 1 or slots.dim() != 1 or slots.shape[0] != batch or pool.keys.shape[1] != pool.batch_size:
+            return self.decoder.decode_slots(codes, pool, slots)  # not a fallback: it raises its own error
+        try:
+            self._check_batch(batch)
+            runner = self._bound_runner(
+                pool, self.decoder.pre_transformer, self.device, {"num_cache_slots": pool.batch_size}
+            )
+            bucket = self._bucket(batch, pool.batch_size)
+            compiled = runner.region(bucket)
+        except _CallUnsupported as exc:
+            self._fallback(str(exc))
+            return self.decoder.decode_slots(codes, pool, slots)
+        # Padding rows repeat row 0: same slot, codes and position, so they write row 0's state and ring again.
+        codes, slots = _pad_rows(codes.to(torch.int64), bucket), _pad_rows(slots.to(torch.int64), bucket)
+        rings = {"k_cache": pool.keys, "v_cache": pool.values}
+        if self._graphs is None:
+            wav, _ = self._decode(codes, pool, slots, lambda bound: runner.run(compiled, {**bound, **rings})["x_out"])
+        else:
+            runner.checks.poll()  # an earlier launch's error, landed since: raised before this call runs
+            launch, staging = runner.bound_launch(compiled, rings)
+
+            def region(bound: Mapping[str, torch.Tensor]) -> torch.Tensor:
+                staging.stage(bound)
+                launch_op(launch, check=False)
+                return launch.tensors["x_out"], launch.error.clone()
+
+            wav, errors = self._graphs.run(
+                (bucket, frames),
+                lambda codes, slots: self._decode(codes, pool, slots, region),
+                {"codes": codes, "slots": slots},
+            )
+            for words in errors:
+                runner.checks.record(words, bucket)
+        self.num_megakernel_calls += 1
+        return wav[:batch].clone()
+
+    def _decode(self, codes: torch.Tensor, pool, slots: torch.Tensor, region: Callable) -> tuple[torch.Tensor, list]:
+        """decode_front, `region` per frame (its INPUT buffers by name -> x_out, or (x_out, error words)),
+        decode_back; the rows' states gathered from `pool` and scattered back, their rings left in place."""
+        state = pool.select(slots, rings=False)
+        h = self.decoder.decode_front(codes, state)  # (bucket, n, latent)
+        outs, errors = [], []
+        for frame in range(h.shape[1]):
+            out = region({"x_in": h[:, frame], "positions": state.positions + frame, "slots": slots})
+            if isinstance(out, tuple):
+                out, words = out
+                errors.append(words)
+            outs.append(out.clone())  # the launch's own buffer: the next launch overwrites it
+        wav = self.decoder.decode_back(torch.stack(outs, dim=1), state)
+        pool.put(slots, state, rings=False)
+        return wav, errors
+
+
 # Region name (models.region_backends) -> the backend class that runs it; each takes the region's network.
 BACKENDS: dict[str, type[_Backend]] = {
     DECODER_STEP: MegakernelDecoderStep,
     TALKER_STEP: MegakernelTalkerStep,
     CODE_PREDICTOR_LOOP: MegakernelCodePredictorLoop,
     NH_DECODER_STEP: MegakernelNhDecoderStep,
+    CODEC_DECODE: MegakernelCodecDecode,
 }
 
 
+def megakernel_region_names(model: object) -> tuple[str, ...]:
+    """The regions of `model` a megakernel backend can run: its decoder regions, then the executor regions
+    that have one (the Qwen3-TTS codec decode)."""
+    return (*region_names(model), *(n for n in executor_region_names(model) if n in BACKENDS))
+
+
 def make_backend(model: object, name: str, options: BackendOptions = BackendOptions()) -> _Backend:
-    """The megakernel backend for region `name` of `model` (the network its region_modules() names);
+    """The megakernel backend for region `name` of `model` (the network its region modules name);
     raises MegakernelUnavailable."""
-    if name not in region_names(model):
+    if name not in (*region_names(model), *executor_region_names(model)):
         raise ValueError(f"{type(model).__name__} has no region {name!r}")
     if name not in BACKENDS:
         raise MegakernelUnavailable(f"no megakernel backend for region {name!r}")
@@ -797,13 +906,15 @@ def make_backend(model: object, name: str, options: BackendOptions = BackendOpti
 
 
 def parse_regions(model: object, text: str) -> tuple[str, ...]:
-    """`all`, `none` (or empty) or a comma list of `model`'s region names; ValueError names the valid ones."""
-    names = region_names(model)
+    """`all`, `none` (or empty) or a comma list of `model`'s megakernel region names; ValueError names the
+    valid ones. `all` is the model's decoder regions; an executor region with a megakernel backend (the codec
+    decode) is named explicitly, until its GPU test has run."""
+    names = megakernel_region_names(model)
     text = text.strip()
     if text in ("", "none"):
         return ()
     if text == "all":
-        return names
+        return region_names(model)
     asked = list(dict.fromkeys(part.strip() for part in text.split(",")))
     unknown = [n for n in asked if n not in names]
     if unknown:

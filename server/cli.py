@@ -66,7 +66,7 @@ def _add_synth(subparsers) -> None:
 
 def _add_model_options(p) -> None:
     """How the model is loaded and run: options shared by synth and serve."""
-    from tilevox.models.region_backends import LLASA_REGIONS, QWEN3_TTS_REGIONS
+    from tilevox.models.region_backends import CODEC_DECODE, LLASA_REGIONS, QWEN3_TTS_REGIONS
 
     p.add_argument(
         "--fused-swiglu",
@@ -127,8 +127,9 @@ def _add_model_options(p) -> None:
         default="none",
         metavar="REGIONS",
         help="regions run by the persistent megakernel: a comma list of the model's regions "
-        f"(Llasa: {', '.join(LLASA_REGIONS)}; Qwen3-TTS: {', '.join(QWEN3_TTS_REGIONS)}), all, or none; "
-        "a region that cannot run there stays on the PyTorch path with a logged reason",
+        f"(Llasa: {', '.join(LLASA_REGIONS)}; Qwen3-TTS: {', '.join(QWEN3_TTS_REGIONS)}, and {CODEC_DECODE}: the "
+        "codec's transformer as a region inside the codec decode, named explicitly), all (the decoder regions), "
+        "or none; a region that cannot run there stays on the PyTorch path with a logged reason",
     )
     p.add_argument(
         "--plan",

@@ -111,7 +111,7 @@ while [ $# -gt 0 ]; do
       tail -15 "$OUT/trt_tests.log" ;;
     mkvariants)
       name=$1 batches=$2; shift 2; extra=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift || true
-      timeout 420 python3 -m benchmarks.megakernel_variants run --libs "$repo/.mkvariants" --out "$OUT/$name.json" \
+      timeout "${MKVARIANTS_TIMEOUT:-420}" python3 -m benchmarks.megakernel_variants run --libs "$repo/.mkvariants" --out "$OUT/$name.json" \
         --batches "$batches" --commit "${TILEVOX_COMMIT:-unknown}" "${extra[@]}" > "$OUT/$name.log" 2>&1
       echo "mkvariants $name rc $?"; grep "^|\|critical path\|^batch" "$OUT/$name.log" | tail -70 ;;
     mkbench)

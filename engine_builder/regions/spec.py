@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, NH_DECODER_STEP, TALKER_STEP
+from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, CODEC_DECODE, DECODER_STEP, NH_DECODER_STEP, TALKER_STEP
 
 __all__ = ["RegionKind", "RegionSpec", "TilingConfig", "region_spec"]
 
@@ -84,6 +84,9 @@ def region_spec(name: str) -> RegionSpec:
         DECODER_STEP: RegionSpec.full_step(1),
         TALKER_STEP: RegionSpec(lm_head=True),
         NH_DECODER_STEP: RegionSpec(lm_head=True),  # summed embeddings in, all channels' logits out
+        # Qwen3-TTS codec decode: its sliding-window transformer (input and output projections); the executor's
+        # backend runs the codec's convolutions around it.
+        CODEC_DECODE: RegionSpec(lm_head=True),
         CODE_PREDICTOR_LOOP: RegionSpec.code_predictor_loop(),
     }
     if name not in specs:

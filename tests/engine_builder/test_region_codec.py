@@ -148,4 +148,7 @@ def test_codec_benchmark_smoke_on_cpu_with_the_vm(tmp_path, capsys):
         # The whole frame with the region in place of the transformer (decode_front, region, decode_back).
         assert row["frame_max_abs_sample_diff"] < 1e-5 and row["frame_sample_scale"] > 0.05
         assert "ms" in row["megakernel_eager"] and "ms" in row["transformer_eager"]
+        # As served: the executor's decode_slots against the megakernel backend, the same frame from one state.
+        assert "ms" in row["served_decode_graph"] and "ms" in row["served_decode_megakernel"]
+        assert row["served_max_abs_sample_diff"] < 1e-5
     assert "| 3 |" in capsys.readouterr().out and out.with_suffix(".md").exists()

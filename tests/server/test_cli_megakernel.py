@@ -56,7 +56,7 @@ def _warnings(caplog) -> list[str]:
         (
             "qwen3-tts-tiny",
             "talker_step,nope",
-            "unknown megakernel region(s) 'nope'; valid: talker_step, code_predictor_loop, all, none",
+            "unknown megakernel region(s) 'nope'; valid: talker_step, code_predictor_loop, codec_decode, all, none",
         ),
     ],
 )

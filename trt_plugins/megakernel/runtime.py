@@ -10,6 +10,7 @@ Imports: torch, trt_plugins.library, trt_plugins.megakernel.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from tilevox.trt_plugins.megakernel.instructions import (
     ErrorCode,
     LaunchStatus,
     Program,
+    RegionConstants,
 )
 from tilevox.trt_plugins.megakernel.packing import pack_program
 from tilevox.trt_plugins.megakernel.prefetch import prefetch_table
@@ -62,6 +64,17 @@ class MegakernelParams(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_void_p if c_type.endswith("*") else _CTYPES[c_type]) for name, c_type, _ in LAUNCH_PARAMS
     ]
+
+
+def constant_params(constants: RegionConstants) -> dict[str, int | float]:
+    """Every RegionConstants field by name, as the launch parameters take them: each is a launch parameter of
+    the same name (the registry says so; a constant added there reaches the kernel without being retyped here)."""
+    names = {name for name, _, _ in LAUNCH_PARAMS}
+    out = {field.name: getattr(constants, field.name) for field in dataclasses.fields(constants)}
+    missing = sorted(set(out) - names)
+    if missing:
+        raise AssertionError(f"RegionConstants fields without a launch parameter: {missing}")
+    return out
 
 
 def _library() -> ctypes.CDLL:
@@ -185,7 +198,6 @@ class BoundLaunch:
             if self.profile
             else None
         )
-        c = p.program.constants
         self.params = MegakernelParams(
             instructions=p.instructions.data_ptr(),
             queue_lengths=p.queue_lengths.data_ptr(),
@@ -199,16 +211,9 @@ class BoundLaunch:
             max_queue_len=int(p.instructions.shape[1]),
             num_buffers=len(p.program.buffers),
             num_counters=p.program.num_counters,
-            batch_size=c.batch_size,
-            num_heads=c.num_heads,
-            num_kv_heads=c.num_kv_heads,
-            head_dim=c.head_dim,
-            partition_tokens=c.partition_tokens,
-            num_partitions=c.num_partitions,
-            rms_norm_eps=c.rms_norm_eps,
-            attn_scale=c.attn_scale,
             watchdog_ns=p.watchdog_ns,
             flags=0,
+            **constant_params(p.program.constants),
         )
 
     def launch(self, *, check: bool = True) -> dict[str, torch.Tensor]:

@@ -2,7 +2,7 @@
 
 `forward` is the plain full decode (zero-padded causal convs, causal sliding-window attention
 over the whole utterance), equal to the official `decoder(codes)`. `decode_incremental` keeps
-per-layer state (causal-conv input tails, transposed-conv overlaps, the last window-1 frames of
+per-layer state (causal-conv input tails, transposed-conv overlaps, a ring of the last window frames of
 keys/values per attention layer, per-row positions), so decoding any split of an utterance into
 pieces yields the same samples as one `forward` (up to float rounding). `chunked_decode` is the
 official long-audio decode (`decode()`: 300-frame chunks, 25 frames of left context), and
@@ -40,63 +40,98 @@ DEFAULT_CHUNK_LEFT_CONTEXT_FRAMES = 25
 
 @dataclass(slots=True)
 class DecoderState:
-    """Streaming state of a batch of utterances; every tensor has the batch on dim 0, so states
-    of separate streams can be merged with `cat` and split with `select`. `decode_incremental`
-    updates the tensors in place (fixed shapes, no host sync), so a step can be CUDA-graph captured.
+    """Streaming state of a batch of utterances. Every tensor has the batch on dim 0 except `keys` and
+    `values` (batch on dim 1, see `_BATCH_DIMS`), so states of separate streams can be merged with `cat` and
+    split with `select`. `decode_incremental` updates the tensors in place (fixed shapes, no host sync), so
+    a step can be CUDA-graph captured.
 
     conv_tails[i]: the last (kernel-1)*dilation inputs of causal conv i (zeros = the causal padding).
     trans_overlaps[i]: transposed conv i's partial sums (without bias) that spill past the emitted samples.
-    keys[l] / values[l]: (B, H_kv, window-1, D) keys (after RoPE) and values of the previous frames,
-        oldest first; slots of frames before the utterance start are masked by position.
+    keys / values: (layers, B, H_kv, 2 * window, D) keys (after RoPE) and values of the previous frames, a
+        ring written twice: frame p sits at p % window and p % window + window, so any `window` consecutive
+        frames are contiguous. This is the megakernel region's `k_cache` / `v_cache` layout (RegionConstants
+        .window), so a pool of states is bound by the region in place. Slots no frame has written yet are
+        masked by position (zeros in a fresh state).
     positions: (B,) long, frames decoded so far (= RoPE position of the next frame).
+    ring_rows: None, or (B,) long: the rows of `keys` / `values` this state's rows use, when they are a pool's,
+        shared rather than copied (`select(rows, rings=False)`); the transformer then reads and writes those
+        rows in place.
     """
 
     conv_tails: list[torch.Tensor]
     trans_overlaps: list[torch.Tensor]
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    keys: torch.Tensor
+    values: torch.Tensor
     positions: torch.Tensor
+    ring_rows: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
         return int(self.positions.shape[0])
 
-    def _map(self, fn) -> DecoderState:
-        return DecoderState(
-            conv_tails=[fn(t) for t in self.conv_tails],
-            trans_overlaps=[fn(t) for t in self.trans_overlaps],
-            keys=[fn(t) for t in self.keys],
-            values=[fn(t) for t in self.values],
-            positions=fn(self.positions),
-        )
+    def _fields(self) -> list[tuple[str, int, list[torch.Tensor] | torch.Tensor]]:
+        """(field, its batch dim, its tensor or list of tensors)."""
+        return [(name, _BATCH_DIMS.get(name, 0), getattr(self, name)) for name in _FIELDS]
 
-    def select(self, rows: Sequence[int] | torch.Tensor) -> DecoderState:
-        """The state of a subset of rows (a copy)."""
+    def _map(self, fn, rings: bool) -> DecoderState:
+        """A new state of fn(tensor, batch_dim) of every tensor (rings=False: keys / values as they are)."""
+        out = {}
+        for name, dim, value in self._fields():
+            if not rings and name in _RINGS:
+                out[name] = value
+            else:
+                out[name] = [fn(t, dim) for t in value] if isinstance(value, list) else fn(value, dim)
+        return DecoderState(**out)
+
+    def select(self, rows: Sequence[int] | torch.Tensor, *, rings: bool = True) -> DecoderState:
+        """The state of a subset of rows (a copy). rings=False: the copy shares this state's keys / values (all
+        its rows, uncopied; `ring_rows` names the selected ones), so a decode reads and writes them in place
+        instead of copying every ring out and back (the pool's decode_slots, the megakernel region)."""
         index = torch.as_tensor(rows, dtype=torch.long, device=self.positions.device)
-        return self._map(lambda t: t.index_select(0, index))
+        if self.ring_rows is not None:
+            raise ValueError("select of a state that shares another's rings (ring_rows set): select from that one")
+        state = self._map(lambda t, dim: t.index_select(dim, index), rings)
+        if not rings:
+            state.ring_rows = index
+        return state
 
-    def put(self, rows: Sequence[int] | torch.Tensor, other: DecoderState) -> None:
-        """Write `other`'s rows into rows `rows` of this state, in place (the inverse of `select`)."""
+    def put(self, rows: Sequence[int] | torch.Tensor, other: DecoderState, *, rings: bool = True) -> None:
+        """Write `other`'s rows into rows `rows` of this state, in place (the inverse of `select`; rings=False
+        leaves keys / values alone)."""
         index = torch.as_tensor(rows, dtype=torch.long, device=self.positions.device)
-        for mine, theirs in zip(self._tensors(), other._tensors(), strict=True):
-            mine.index_copy_(0, index, theirs)
+        if rings and other.ring_rows is not None:
+            raise ValueError("put of a state that shares this one's rings: put(..., rings=False)")
+        for (mine, dim), (theirs, _) in zip(self._tensors(rings), other._tensors(rings), strict=True):
+            mine.index_copy_(dim, index, theirs)
 
-    def _tensors(self) -> list[torch.Tensor]:
-        return [*self.conv_tails, *self.trans_overlaps, *self.keys, *self.values, self.positions]
+    def _tensors(self, rings: bool = True) -> list[tuple[torch.Tensor, int]]:
+        """Every tensor with its batch dim (rings=False: without keys / values)."""
+        out = []
+        for name, dim, value in self._fields():
+            if rings or name not in _RINGS:
+                out += [(t, dim) for t in value] if isinstance(value, list) else [(value, dim)]
+        return out
 
     @staticmethod
     def cat(states: Sequence[DecoderState]) -> DecoderState:
         """Stack states of separate batches (e.g. independent streams) along the batch."""
         if not states:
             raise ValueError("cat needs at least one DecoderState")
-        first = states[0]
-        return DecoderState(
-            conv_tails=[torch.cat([s.conv_tails[i] for s in states]) for i in range(len(first.conv_tails))],
-            trans_overlaps=[torch.cat([s.trans_overlaps[i] for s in states]) for i in range(len(first.trans_overlaps))],
-            keys=[torch.cat([s.keys[i] for s in states]) for i in range(len(first.keys))],
-            values=[torch.cat([s.values[i] for s in states]) for i in range(len(first.values))],
-            positions=torch.cat([s.positions for s in states]),
-        )
+        if any(s.ring_rows is not None for s in states):
+            raise ValueError("cat of states that share another's rings (ring_rows set)")
+        out = {}
+        for index, (name, dim, value) in enumerate(states[0]._fields()):
+            parts = [s._fields()[index][2] for s in states]
+            if isinstance(value, list):
+                out[name] = [torch.cat([p[i] for p in parts], dim=dim) for i in range(len(value))]
+            else:
+                out[name] = torch.cat(parts, dim=dim)
+        return DecoderState(**out)
+
+
+_FIELDS = ("conv_tails", "trans_overlaps", "keys", "values", "positions")
+_RINGS = ("keys", "values")
+_BATCH_DIMS = dict.fromkeys(_RINGS, 1)  # (layers, B, ...): one tensor the region binds; the rest batch-first
 
 
 @dataclass(slots=True)
@@ -312,22 +347,53 @@ class Attention(nn.Module):
         allowed = ((delta >= 0) & (delta < self.window))[None].expand(x.shape[0], n, n)
         return self.o_proj(self._attend(q, k, v, allowed))
 
-    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: DecoderState) -> torch.Tensor:
+    def step(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: DecoderState, ring: RingStep
+    ) -> torch.Tensor:
+        """n new frames per row against the ring of earlier frames (DecoderState.keys), then the ring
+        takes the last min(n, window) of them."""
         q, k_new, v_new = self._qkv(x, cos, sin)
-        n = x.shape[1]
-        past = self.window - 1
-        k = torch.cat([state.keys[self.slot], k_new], dim=2)  # (B, Hkv, past + n, D)
-        v = torch.cat([state.values[self.slot], v_new], dim=2)
-        # Absolute positions: cached slot j holds frame start - past + j; new frame i is start + i.
-        start = state.positions[:, None, None]  # (B, 1, 1)
-        q_pos = start + torch.arange(n, device=x.device)[None, :, None]  # (B, n, 1)
-        k_pos = start - past + torch.arange(past + n, device=x.device)[None, None, :]  # (B, 1, m)
-        delta = q_pos - k_pos
-        allowed = (delta >= 0) & (delta < self.window) & (k_pos >= 0)
-        if past > 0:
-            state.keys[self.slot].copy_(k[:, :, -past:])
-            state.values[self.slot].copy_(v[:, :, -past:])
-        return self.o_proj(self._attend(q, k, v, allowed))
+        ring_k, ring_v = state.keys[self.slot], state.values[self.slot]  # (rows, Hkv, 2W, D) views
+        rows = state.ring_rows
+        past_k = ring_k[:, :, : self.window] if rows is None else ring_k[rows, :, : self.window]
+        past_v = ring_v[:, :, : self.window] if rows is None else ring_v[rows, :, : self.window]
+        k = torch.cat([past_k, k_new], dim=2)  # (B, Hkv, W + n, D): keys in any order, masked by position
+        v = torch.cat([past_v, v_new], dim=2)
+        out = self.o_proj(self._attend(q, k, v, ring.allowed))
+        m = ring.write_index.shape[1] // 2
+        for held, new in ((ring_k, k_new), (ring_v, v_new)):
+            new = new[:, :, -m:].repeat(1, 1, 2, 1)  # (B, Hkv, 2m, D): both copies
+            if rows is None:
+                index = ring.write_index[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[3])
+                held.scatter_(2, index, new)
+            else:  # advanced indices around a slice: the indexed shape is (B, 2m, Hkv, D)
+                held[rows[:, None], :, ring.write_index] = new.transpose(1, 2)
+        return out
+
+
+@dataclass(slots=True)
+class RingStep:
+    """What every layer's `Attention.step` of n new frames shares (computed once per step).
+
+    allowed: (B, n, W + n) bool, query i (frame start + i) against the ring's first W slots (slot s holds the
+        latest frame p < start with p % W == s; none yet where that p < 0) and the n new frames.
+    write_index: (B, 2m) long, ring slots of the last m = min(n, W) new frames, both copies.
+    """
+
+    allowed: torch.Tensor
+    write_index: torch.Tensor
+
+    @staticmethod
+    def of(positions: torch.Tensor, n: int, window: int) -> RingStep:
+        start = positions[:, None]  # (B, 1)
+        slot = torch.arange(window, device=positions.device)
+        held = start - 1 - torch.remainder(start - 1 - slot, window)  # (B, W) frame in ring slot s
+        new = start + torch.arange(n, device=positions.device)  # (B, n)
+        k_pos = torch.cat([held, new], dim=1)[:, None, :]  # (B, 1, W + n)
+        delta = new[:, :, None] - k_pos
+        allowed = (delta >= 0) & (delta < window) & (k_pos >= 0)
+        written = torch.remainder(new[:, n - min(n, window) :], window)
+        return RingStep(allowed=allowed, write_index=torch.cat([written, written + window], dim=1))
 
 
 class TransformerLayer(nn.Module):
@@ -340,9 +406,12 @@ class TransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
 
-    def forward(self, x, cos, sin, state: DecoderState | None = None):
+    def forward(self, x, cos, sin, state: DecoderState | None = None, ring: RingStep | None = None):
         normed = self.input_layernorm(x)
-        attn = self.self_attn(normed, cos, sin) if state is None else self.self_attn.step(normed, cos, sin, state)
+        if state is None:
+            attn = self.self_attn(normed, cos, sin)
+        else:
+            attn = self.self_attn.step(normed, cos, sin, state, ring)
         x = x + self.self_attn_layer_scale(attn)
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
@@ -362,7 +431,7 @@ class Transformer(nn.Module):
     def decoder_view(self) -> DecoderView:
         """The weights a region compiler reads (models.decoder_view): input projection, layers with their
         sliding window and layer scales, final norm and output projection. A region runs one new frame per
-        row and step; `keys` / `values` then live in the region's ring cache, not in DecoderState."""
+        row and step, reading and writing DecoderState.keys / values in place (the region's ring caches)."""
         if self.config.attention_bias:
             raise ValueError("the codec transformer has attention biases, which no megakernel region runs")
         c = self.config
@@ -403,8 +472,9 @@ class Transformer(nn.Module):
         positions = offsets.expand(b, n) if state is None else state.positions[:, None] + offsets
         x = self.input_proj(x)
         cos, sin = self._rope(positions, x.dtype)
+        ring = None if state is None else RingStep.of(state.positions, n, self.config.sliding_window)
         for layer in self.layers:
-            x = layer(x, cos, sin, state)
+            x = layer(x, cos, sin, state, ring)
         return self.output_proj(self.norm(x))
 
 
@@ -498,7 +568,8 @@ class SpeechTokenizerDecoder(nn.Module):
             for slot, module in enumerate(group):
                 module.slot = slot
 
-    def _check_codes(self, codes: torch.Tensor) -> None:
+    def check_codes(self, codes: torch.Tensor) -> None:
+        """ValueError unless `codes` is an integer (B, Q, T) tensor of this codec's Q codebooks."""
         if codes.dim() != 3 or codes.shape[1] != self.config.num_quantizers:
             raise ValueError(f"codes must be (B, {self.config.num_quantizers}, T), got {tuple(codes.shape)}")
         if codes.dtype not in (torch.int64, torch.int32):
@@ -506,7 +577,7 @@ class SpeechTokenizerDecoder(nn.Module):
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         """Full decode of (B, Q, T) codes -> (B, T * samples_per_frame), no chunking."""
-        self._check_codes(codes)
+        self.check_codes(codes)
         h = self.pre_conv(self.quantizer.decode(codes))  # (B, latent, T)
         h = self.pre_transformer(h.transpose(1, 2)).transpose(1, 2)  # (B, latent, T)
         for trans, convnext in self.upsample:
@@ -522,20 +593,19 @@ class SpeechTokenizerDecoder(nn.Module):
         param = self.pre_conv.conv.weight
         device, dtype = param.device, param.dtype
         cfg = self.config
-        past = cfg.sliding_window - 1
-        kv_shape = (batch_size, cfg.num_key_value_heads, past, cfg.head_dim)
+        kv_shape = (len(self._attns), batch_size, cfg.num_key_value_heads, 2 * cfg.sliding_window, cfg.head_dim)
         return DecoderState(
             conv_tails=[m.init_tail(batch_size, device, dtype) for m in self._convs],
             trans_overlaps=[m.init_overlap(batch_size, device, dtype) for m in self._trans],
-            keys=[torch.zeros(kv_shape, device=device, dtype=dtype) for _ in self._attns],
-            values=[torch.zeros(kv_shape, device=device, dtype=dtype) for _ in self._attns],
+            keys=torch.zeros(kv_shape, device=device, dtype=dtype),
+            values=torch.zeros(kv_shape, device=device, dtype=dtype),
             positions=torch.zeros(batch_size, dtype=torch.long, device=device),
         )
 
     def decode_incremental(self, codes: torch.Tensor, state: DecoderState) -> torch.Tensor:
         """Decode the next n >= 1 frames (B, Q, n) of each row, updating `state` in place;
         returns (B, n * samples_per_frame), the samples a full decode has at those frames."""
-        self._check_codes(codes)
+        self.check_codes(codes)
         if codes.shape[-1] < 1:
             raise ValueError("decode_incremental needs at least one frame")
         if codes.shape[0] != state.batch_size:
@@ -562,13 +632,14 @@ class SpeechTokenizerDecoder(nn.Module):
 
     def decode_slots(self, codes: torch.Tensor, pool: DecoderState, slots: torch.Tensor) -> torch.Tensor:
         """`decode_incremental` of the rows `slots` (B,) long of a state pool (one row per stream slot):
-        gathers their states, decodes the next n frames (B, Q, n) and writes the states back, with fixed
-        shapes and no host sync (capturable). Returns (B, n * samples_per_frame)."""
+        gathers their states (all but the rings, which the transformer reads and writes in place), decodes the
+        next n frames (B, Q, n) and writes the states back, with fixed shapes and no host sync (capturable).
+        Returns (B, n * samples_per_frame)."""
         if slots.dim() != 1 or slots.shape[0] != codes.shape[0]:
             raise ValueError(f"slots must be ({codes.shape[0]},), got {tuple(slots.shape)}")
-        state = pool.select(slots)
+        state = pool.select(slots, rings=False)  # the transformer reads and writes the pool's rings in place
         wav = self.decode_incremental(codes, state)
-        pool.put(slots, state)
+        pool.put(slots, state, rings=False)
         return wav
 
     def new_chunked_state(
@@ -594,7 +665,7 @@ class SpeechTokenizerDecoder(nn.Module):
     def decode_incremental_chunked(self, codes: torch.Tensor, state: ChunkedDecoderState) -> torch.Tensor:
         """Decode the next n >= 1 frames (B, Q, n), updating `state`; returns (B, n * samples_per_frame),
         the samples `chunked_decode` (the official decode()) has at those frames, whatever the split."""
-        self._check_codes(codes)
+        self.check_codes(codes)
         total = codes.shape[-1]
         if total < 1:
             raise ValueError("decode_incremental_chunked needs at least one frame")
@@ -619,7 +690,7 @@ class SpeechTokenizerDecoder(nn.Module):
     def chunked_decode(self, codes: torch.Tensor, chunk: int = 300, left_context: int = 25) -> torch.Tensor:
         """The official long-audio decode: `chunk`-frame pieces, each re-decoding up to
         `left_context` earlier frames whose audio is dropped."""
-        self._check_codes(codes)
+        self.check_codes(codes)
         if chunk < 1 or left_context < 0:
             raise ValueError(f"chunk must be >= 1 and left_context >= 0, got {chunk}, {left_context}")
         pieces = []
@@ -637,7 +708,7 @@ class SpeechTokenizerDecoder(nn.Module):
         """The official `decode()` of a batch right-padded with -1: each row's length is its count
         of codes >= 0 in book 0; pads become 0, the batch is `chunked_decode`d together and each
         row is cut to length * samples_per_frame. Returns one (S_i,) waveform per row."""
-        self._check_codes(codes)
+        self.check_codes(codes)
         lengths = (codes[:, 0] > -1).sum(dim=1) * self.samples_per_frame  # (B,)
         wav = self.chunked_decode(codes.clamp(min=0))
         return [row[:length] for row, length in zip(wav, lengths.tolist())]

@@ -105,3 +105,29 @@ def test_c_compiler_sees_the_launch_interface(tmp_path):
     expected += [ctypes.sizeof(MegakernelParams)]
     expected += [getattr(MegakernelParams, name).offset for name, _, _ in LAUNCH_PARAMS]
     assert printed == expected
+
+
+def test_every_region_constant_reaches_the_launch_parameters():
+    """BoundLaunch fills the launch parameters from constant_params: every RegionConstants field, by name, with
+    its value (a constant left out would reach the kernel as 0, as `window` once did)."""
+    import dataclasses
+
+    from tilevox.trt_plugins.megakernel.instructions import RegionConstants
+    from tilevox.trt_plugins.megakernel.runtime import MegakernelParams, constant_params
+
+    constants = RegionConstants(
+        batch_size=3,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        attn_scale=0.125,
+        partition_tokens=16,
+        num_partitions=5,
+        window=72,
+    )
+    values = constant_params(constants)
+    assert set(values) == {f.name for f in dataclasses.fields(RegionConstants)}
+    params = MegakernelParams(**values)
+    for name, value in values.items():
+        assert getattr(params, name) == pytest.approx(value)

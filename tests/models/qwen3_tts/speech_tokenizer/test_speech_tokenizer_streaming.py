@@ -128,7 +128,7 @@ def test_decode_slots_decodes_rows_of_a_pool_and_leaves_the_others(tiny):
         got = torch.cat(pieces[slot], dim=-1)
         assert (got - decoder(codes[slot])).abs().max().item() <= TOL
     assert pool.positions.tolist() == [0, 40, 40, 0, 40, 0]
-    for mine, theirs in zip(pool.select([0, 3, 5])._tensors(), others._tensors(), strict=True):
+    for (mine, _), (theirs, _) in zip(pool.select([0, 3, 5])._tensors(), others._tensors(), strict=True):
         assert torch.equal(mine, theirs)
     with pytest.raises(ValueError, match="slots must be"):
         decoder.decode_slots(codes[4][..., :1], pool, torch.tensor([1, 2]))
