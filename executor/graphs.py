@@ -568,7 +568,11 @@ class GraphedDecoderStep(_GraphBackend):
 class GraphedCodecDecode(_GraphBackend):
     """SpeechTokenizerDecoder.decode_slots of n new frames per row (the CodecDecodeBackend protocol): the
     rows' states are gathered from the pool, decoded and scattered back inside one graph per (batch
-    bucket, n). Padding rows repeat row 0 (same codes, same slot: they write row 0's new state again)."""
+    bucket, n). Padding rows repeat row 0 (same codes, same slot: they write row 0's new state again).
+    Captured, never Inductor-compiled (GraphOptions.compile leaves it as it is): its indexed writes into the pool
+    (conv state, the transformer's rings) would be functionalized into copies of whole pool tensors, the
+    problem the compiled KV-cache writes had (models/kv_cache_write.py), and a compile per frame count would
+    land mid-serving."""
 
     name = CODEC_DECODE
 

@@ -28,6 +28,8 @@
 #   mkprofile NAME ARGS... --  benchmarks/megakernel_profile.py (per-opcode profile and critical path) with ARGS
 #   mkcodec NAME ARGS... --  benchmarks/megakernel_codec.py (the Qwen3-TTS codec transformer: megakernel region vs
 #                          its conventional step eager / CUDA graph / torch.compile, and the whole frame decode) with ARGS
+#   layoutab BATCHES       benchmarks/device/codec_layout_ab.py: the codec state's shifted window (3f0a486, from
+#                          benchmarks/device/_decoder_3f0a486.py, written by `git show` before the call) against the ring
 #   mkcorrect              the megakernel correctness matrix (benchmarks/megakernel_correctness.py, Llasa-1B shapes)
 #   mkcorrectx NAME ARGS... --  the same with extra flags (e.g. benchmarks.common's tiling flags: --split-qkv on)
 #   restore PATH... --     put these paths back to the landed commit first (a helper's unfinished edit in the copied
@@ -129,6 +131,12 @@ while [ $# -gt 0 ]; do
       timeout "${MKCODEC_TIMEOUT:-240}" python3 -m benchmarks.megakernel_codec --commit "${TILEVOX_COMMIT:-unknown}" \
         --out "$OUT/$name.json" "${extra[@]}" > "$OUT/$name.log" 2>&1
       echo "mkcodec $name rc $?"; grep -v "^ \|^V1\|^I1\|^W1" "$OUT/$name.log" | tail -12 ;;
+    layoutab)  # layoutab BATCHES: benchmarks/device/codec_layout_ab.py (the codec state's layouts, served decode)
+      batches=$1; shift
+      timeout "${LAYOUTAB_TIMEOUT:-150}" python3 -m benchmarks.device.codec_layout_ab --batches "$batches" \
+        --commit "${TILEVOX_COMMIT:-unknown}" \
+        --out "$OUT/codec_layout.json" > "$OUT/codec_layout.log" 2>&1
+      echo "layoutab rc $?"; tail -7 "$OUT/codec_layout.log" ;;
     mkcorrect)
       timeout 150 python3 -m benchmarks.megakernel_correctness --commit "${TILEVOX_COMMIT:-unknown}" \
         --out "$OUT/megakernel_correctness.json" > "$OUT/correctness.log" 2>&1
