@@ -106,8 +106,11 @@ class TilingConfig:
     at most one tile of the stage, so its fixed costs per instruction (record, buffer lookups, counter wait,
     staging and normalising the input rows) are paid once per stage rather than once per 16 rows. Measured on an
     H100 (2026-12-06, benchmarks/results/megakernel_variants_h100_e666ade.json, Llasa-1B step): 2.77 -> 2.32 ms
-    at batch 1 and 6.57 -> 5.25 ms at batch 32. Off by default until the GPU tests and the correctness matrix
-    have run with it (no GPU could be started for them that day).
+    at batch 1 and 6.57 -> 5.25 ms at batch 32; Qwen3-TTS-0.6B frame 8.17 -> 8.20 ms at batch 1 (equal) and
+    20.76 -> 19.28 ms at batch 32 (benchmarks/results/megakernel_qwen_balanced_h100_e666ade_log.txt). On by default
+    since 2026-12-07, when the correctness matrix passed with it (H100, with attn_rows 8 and split QKV too:
+    benchmarks/results/megakernel_correctness_h100_971fa20_balanced_attn8_split.json) and the GPU tests passed
+    with it as the default.
 
     attn_rows: batch rows per attention tile (ATTN_PARTIAL per kv group, partition and row range; ATTN_REDUCE per
     kv group and row range); None: all rows in one tile, so at large batch a tile streams every row's keys.
@@ -138,7 +141,7 @@ class TilingConfig:
     max_partitions: int = 24
     partition_tokens: int | None = None
     cross_attn_rows: int = 4
-    sm_balanced: bool = False
+    sm_balanced: bool = True
     attn_rows: int | None = None
     reduce_single_partition: bool = True
     split_qkv: bool = False
