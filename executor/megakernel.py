@@ -906,15 +906,14 @@ def make_backend(model: object, name: str, options: BackendOptions = BackendOpti
 
 
 def parse_regions(model: object, text: str) -> tuple[str, ...]:
-    """`all`, `none` (or empty) or a comma list of `model`'s megakernel region names; ValueError names the
-    valid ones. `all` is the model's decoder regions; an executor region with a megakernel backend (the codec
-    decode) is named explicitly, until its GPU test has run."""
+    """`all`, `none` (or empty) or a comma list of `model`'s megakernel region names (megakernel_region_names:
+    its decoder regions, then the executor regions with a megakernel backend); ValueError names the valid ones."""
     names = megakernel_region_names(model)
     text = text.strip()
     if text in ("", "none"):
         return ()
     if text == "all":
-        return region_names(model)
+        return names
     asked = list(dict.fromkeys(part.strip() for part in text.split(",")))
     unknown = [n for n in asked if n not in names]
     if unknown:

@@ -128,8 +128,8 @@ def _add_model_options(p) -> None:
         metavar="REGIONS",
         help="regions run by the persistent megakernel: a comma list of the model's regions "
         f"(Llasa: {', '.join(LLASA_REGIONS)}; Qwen3-TTS: {', '.join(QWEN3_TTS_REGIONS)}, and {CODEC_DECODE}: the "
-        "codec's transformer as a region inside the codec decode, named explicitly), all (the decoder regions), "
-        "or none; a region that cannot run there stays on the PyTorch path with a logged reason",
+        "codec's transformer as a region inside the codec decode), all, or none; a region that cannot run there "
+        "stays on the PyTorch path with a logged reason",
     )
     p.add_argument(
         "--plan",

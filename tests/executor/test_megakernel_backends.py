@@ -283,7 +283,7 @@ def test_construction_refuses_what_the_kernel_cannot_run():
 def test_region_names_parse_and_bad_names_fail():
     llasa, qwen3 = _llasa(), _qwen3()
     assert parse_regions(llasa, "all") == (DECODER_STEP,)
-    assert parse_regions(qwen3, "all") == (TALKER_STEP, CODE_PREDICTOR_LOOP)
+    assert parse_regions(qwen3, "all") == (TALKER_STEP, CODE_PREDICTOR_LOOP, "codec_decode")
     assert parse_regions(qwen3, " none ") == () and parse_regions(qwen3, "") == ()
     assert parse_regions(qwen3, "code_predictor_loop, talker_step,code_predictor_loop") == (
         CODE_PREDICTOR_LOOP,

@@ -164,10 +164,10 @@ def test_calls_it_cannot_take_run_conventionally_and_log_once(codec, caplog):
         backend(codes[..., :1], pool, torch.tensor([0]))
 
 
-def test_codec_decode_is_a_megakernel_region_named_explicitly():
+def test_codec_decode_is_a_megakernel_region():
     model = load_qwen3("qwen3-tts-tiny", options=ModelOptions(max_streams=3, max_seq_len=64))
     assert megakernel_region_names(model) == (TALKER_STEP, CODE_PREDICTOR_LOOP, CODEC_DECODE)
-    assert parse_regions(model, "all") == (TALKER_STEP, CODE_PREDICTOR_LOOP)
+    assert parse_regions(model, "all") == (TALKER_STEP, CODE_PREDICTOR_LOOP, CODEC_DECODE)
     assert parse_regions(model, "codec_decode,talker_step") == (CODEC_DECODE, TALKER_STEP)
 
 

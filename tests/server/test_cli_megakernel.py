@@ -42,7 +42,7 @@ def _synth(tmp_path, preset: str, name: str, *extra: str, device: str = "cpu") -
 
 
 def _regions(preset: str) -> list[str]:
-    return ["decoder_step"] if preset == "llama-tiny" else ["talker_step", "code_predictor_loop"]
+    return ["decoder_step"] if preset == "llama-tiny" else ["talker_step", "code_predictor_loop", "codec_decode"]
 
 
 def _warnings(caplog) -> list[str]:
@@ -90,7 +90,10 @@ def test_vm_executor_writes_the_conventional_wav(tmp_path, caplog, preset):
     assert [r.getMessage() for r in caplog.records if r.name == LOGGER_NAME] == [
         f"megakernel region {n}: vm executor" for n in _regions(preset)
     ]
-    np.testing.assert_array_equal(got, ref)
+    # The decoder regions give the same tokens and audio bit for bit; the codec region's transformer sums in
+    # another order (fp32), so its samples may differ by one int16 step.
+    step = 1 if "codec_decode" in _regions(preset) else 0
+    np.testing.assert_allclose(got.astype(np.int32), ref.astype(np.int32), atol=step, rtol=0)
 
 
 @pytest.mark.gpu
