@@ -847,7 +847,7 @@ class MegakernelCodecDecode(_Backend):
             runner.checks.poll()  # an earlier launch's error, landed since: raised before this call runs
             launch, staging = runner.bound_launch(compiled, rings)
 
-            def region(bound: Mapping[str, torch.Tensor]) -> torch.Tensor:
+            def region(bound: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
                 staging.stage(bound)
                 launch_op(launch, check=False)
                 return launch.tensors["x_out"], launch.error.clone()
