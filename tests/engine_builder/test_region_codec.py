@@ -5,14 +5,12 @@ Transformer.forward(x, state) frame by frame; the static race check accepts ever
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
+from tests.models.qwen3_tts.speech_tokenizer.codec_case import short_window_codec
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
 from tilevox.models.decoder_view import ModelFamily, decoder_view
-from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS, random_speech_tokenizer
 from tilevox.trt_plugins.megakernel import SchedulePolicy, run_program
 from tilevox.trt_plugins.megakernel.validate import check_program
 from tilevox.trt_plugins.megakernel.vm import key_span
@@ -28,15 +26,7 @@ TILINGS = {
 
 @pytest.fixture(scope="module")
 def decoder():
-    config = PRESETS["tiny"]
-    config = dataclasses.replace(config, decoder=dataclasses.replace(config.decoder, sliding_window=WINDOW))
-    decoder, _ = random_speech_tokenizer(config, seed=7, with_encoder=False)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # layer scales far from their 0.01 init, so a missing or misplaced scale shows
-        for layer in decoder.pre_transformer.layers:
-            for scale in (layer.self_attn_layer_scale.scale, layer.mlp_layer_scale.scale):
-                scale.copy_(torch.randn(scale.shape, generator=gen))
-    return decoder
+    return short_window_codec(WINDOW, seed=7, scale_seed=1)
 
 
 def test_key_span_covers_the_window_contiguously():

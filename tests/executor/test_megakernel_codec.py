@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.models.qwen3_tts.speech_tokenizer.codec_case import short_window_codec
 from tilevox.engine_builder.regions import region_compiler
 from tilevox.executor.megakernel import (
     LOGGER_NAME,
@@ -28,7 +29,6 @@ from tilevox.executor.megakernel import (
 )
 from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
 from tilevox.models.qwen3_tts.model import ModelOptions
-from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS, random_speech_tokenizer
 from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, CODEC_DECODE, TALKER_STEP
 from tilevox.models.sampling import SamplingParams
 from tilevox.models.streaming import SynthesisRequest, synthesize
@@ -41,15 +41,7 @@ FRAMES = 3 * WINDOW + 1
 
 @pytest.fixture(scope="module")
 def codec():
-    config = PRESETS["tiny"]
-    config = dataclasses.replace(config, decoder=dataclasses.replace(config.decoder, sliding_window=WINDOW))
-    decoder, _ = random_speech_tokenizer(config, seed=11, with_encoder=False)
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():  # layer scales far from their 0.01 init, so the transformer's part shows in the samples
-        for layer in decoder.pre_transformer.layers:
-            for scale in (layer.self_attn_layer_scale.scale, layer.mlp_layer_scale.scale):
-                scale.copy_(torch.randn(scale.shape, generator=gen))
-    return config, decoder
+    return short_window_codec(WINDOW, seed=11, scale_seed=2)
 
 
 def _codes(config, frames: int, seed: int) -> torch.Tensor:
@@ -106,7 +98,7 @@ def _check_streams(decoder, pool, others, samples, codes) -> None:
 @pytest.mark.parametrize("buckets", [True, False])
 def test_codec_region_streams_equal_their_full_decode(codec, buckets):
     """Every step through the region (groups of 3 padded to bucket 4 with buckets on)."""
-    _, decoder = codec
+    decoder = codec
     backend = MegakernelCodecDecode(decoder, dataclasses.replace(VM, buckets=buckets))
     pool, others, samples, codes = _stream_pool(decoder, backend, lambda step: True, seed=5)
     _check_streams(decoder, pool, others, samples, codes)
@@ -119,7 +111,7 @@ def test_codec_region_streams_equal_their_full_decode(codec, buckets):
 def test_region_and_conventional_calls_continue_the_same_streams(codec):
     """Steps alternate between the region and decode_slots on one pool: the rings are one state, so each
     path continues what the other wrote."""
-    _, decoder = codec
+    decoder = codec
     backend = MegakernelCodecDecode(decoder, VM)
     pool, others, samples, codes = _stream_pool(decoder, backend, lambda step: step % 2 == 0, seed=6)
     _check_streams(decoder, pool, others, samples, codes)
@@ -130,7 +122,7 @@ def test_region_and_conventional_calls_continue_the_same_streams(codec):
 def test_region_without_its_layer_scales_is_caught(codec):
     """Mutation check: the region compiled from a copy of the transformer whose attention layer scales are ones
     (the codec's convolutions unchanged) no longer gives the full decode, so the comparisons see the region."""
-    _, decoder = codec
+    decoder = codec
     mutated = copy.deepcopy(decoder.pre_transformer)
     for layer in mutated.layers:
         layer.self_attn_layer_scale.scale.fill_(1.0)
@@ -144,7 +136,7 @@ def test_region_without_its_layer_scales_is_caught(codec):
 
 @torch.no_grad()
 def test_calls_it_cannot_take_run_conventionally_and_log_once(codec, caplog):
-    _, decoder = codec
+    decoder = codec
     backend = MegakernelCodecDecode(decoder, dataclasses.replace(VM, max_batch=1))
     pool = decoder.new_state(2)
     codes = torch.cat([_codes(decoder.config, 2, seed=s) for s in (1, 2)])

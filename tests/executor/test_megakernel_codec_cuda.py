@@ -7,15 +7,13 @@ never synchronises the host. Needs an sm_90 GPU and libtilevox_kernels.so."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from tests.executor.test_megakernel_codec import FRAMES, WINDOW, _codes, _stream_pool
+from tests.models.qwen3_tts.speech_tokenizer.codec_case import short_window_codec
 from tilevox.engine_builder.regions import region_compiler
 from tilevox.executor.megakernel import BackendOptions, MegakernelCodecDecode
-from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS, random_speech_tokenizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.requires_megakernel]
 
@@ -33,15 +31,7 @@ def _no_tf32():
 
 @pytest.fixture(scope="module")
 def codec():
-    config = PRESETS["tiny"]
-    config = dataclasses.replace(config, decoder=dataclasses.replace(config.decoder, sliding_window=WINDOW))
-    decoder, _ = random_speech_tokenizer(config, seed=11, with_encoder=False, device="cuda")
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for layer in decoder.pre_transformer.layers:
-            for scale in (layer.self_attn_layer_scale.scale, layer.mlp_layer_scale.scale):
-                scale.copy_(torch.randn(scale.shape, generator=gen).cuda())
-    return decoder
+    return short_window_codec(WINDOW, seed=11, scale_seed=2, device="cuda")
 
 
 def _close(decoder, pool, others, samples, codes) -> None:

@@ -120,8 +120,8 @@ class DecoderState:
         if any(s.ring_rows is not None for s in states):
             raise ValueError("cat of states that share another's rings (ring_rows set)")
         out = {}
-        for index, (name, dim, value) in enumerate(states[0]._fields()):
-            parts = [s._fields()[index][2] for s in states]
+        for name, dim, value in states[0]._fields():
+            parts = [getattr(s, name) for s in states]
             if isinstance(value, list):
                 out[name] = [torch.cat([p[i] for p in parts], dim=dim) for i in range(len(value))]
             else:

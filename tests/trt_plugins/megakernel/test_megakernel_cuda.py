@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from tests.models.qwen3_tts.speech_tokenizer.codec_case import short_window_codec
 from tests.trt_plugins.megakernel.cross_attn_case import (
     cross_attn_inputs,
     cross_attn_program,
@@ -32,8 +33,6 @@ from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import o1_random_llama
 from tilevox.models.nh_tts.loader import network_config
 from tilevox.models.nh_tts.weights import random_network
-from tilevox.models.qwen3_tts.speech_tokenizer import PRESETS as CODEC_PRESETS
-from tilevox.models.qwen3_tts.speech_tokenizer import random_speech_tokenizer
 from tilevox.models.region_backends import NH_DECODER_STEP
 from tilevox.models.sampling import SamplingParams
 from tilevox.trt_plugins.megakernel import BufferKind, Wait, run_program
@@ -475,15 +474,9 @@ def test_codec_transformer_region_matches_vm(rt, dtype, split_qkv):
     """The codec transformer region (window 9: a twice-written ring of 18 cache positions; 4-key partitions, so a
     window spans three) for rows at positions 0, 4 and 23 over 14 frames: x_out and both ring caches follow the
     VM every frame. bf16 takes the grouped attention path, fp32 the general one."""
-    config = CODEC_PRESETS["tiny"]
-    config = dataclasses.replace(config, decoder=dataclasses.replace(config.decoder, sliding_window=CODEC_WINDOW))
-    decoder, _ = random_speech_tokenizer(config, seed=2, dtype=dtype, with_encoder=False)
+    decoder = short_window_codec(CODEC_WINDOW, seed=2, scale_seed=4, dtype=dtype)
     transformer = decoder.pre_transformer
-    gen = torch.Generator().manual_seed(4)
-    with torch.no_grad():  # layer scales far from their 0.01 init
-        for layer in transformer.layers:
-            for scale in (layer.self_attn_layer_scale.scale, layer.mlp_layer_scale.scale):
-                scale.copy_(torch.randn(scale.shape, generator=gen).to(dtype))
+    gen = torch.Generator().manual_seed(5)
     tiling = dataclasses.replace(TILING, partition_tokens=4, split_qkv=split_qkv)
     region = compile_region(transformer, RegionSpec(lm_head=True), batch_size=3, num_cache_slots=5, tiling=tiling)
     shape = region.program.buffer("k_cache").shape
