@@ -4,18 +4,21 @@ and `apply_plan`, which makes a model follow a plan at run time.
 Today's build covers what the executor can run: each decoder region whole, either as the executor's
 CUDA graph of the conventional path or as one megakernel launch (layer splits are enumerated and priced by
 engine_builder.composition, but the executor cannot run a region in pieces yet, so the build searches
-whole-region compositions only). Profiling is measured, not simulated: for every batch bucket it runs
-`SpeechModel.step` of B streams with every region on each backend and times each region's phase
-(engine_builder.profile.region_times); a region's measured time is the conventional cost of its layers
-(spread evenly over them, its head included) or the megakernel's time for the whole region. The search
-ranks every candidate per bucket (engine_builder.composition.search); the plan records the winner, and
-the report every candidate's prediction. A candidate's predicted step time is anchored on one measured
-whole step per bucket with every region conventional (`step_time_ms`, no per-region syncs): its regions'
-times plus what that anchor spent outside its own regions (codec, sampling, host work between phases).
+whole-region compositions only), and each executor region that has a megakernel backend (the Qwen3-TTS
+codec decode) whole, on the executor's graph as served or on that backend. Profiling is measured, not
+simulated: for every batch bucket it runs `SpeechModel.step` of B streams with every region on each backend
+(an executor region on its graph in every conventional pass) and times each region's phase
+(engine_builder.profile.region_times: the models label each phase with its region's name, the codec decode
+included); a region's measured time is the conventional cost of its layers (spread evenly over them, its
+head included) or the megakernel's time for the whole region. The search ranks every candidate per bucket
+(engine_builder.composition.search); the plan records the winner, and the report every candidate's
+prediction. A candidate's predicted step time is anchored on one measured whole step per bucket with every
+region conventional (`step_time_ms`, no per-region syncs): its regions' times plus what that anchor spent
+outside its own regions (sampling, host work between phases, and the codec where it is no region).
 
-`apply_plan` installs, for each decoder region, a `BucketDispatch` (executor.dispatch) that sends a
-call to the backend the plan chose for its batch bucket. Imports: torch, models, executor,
-engine_builder.
+`apply_plan` installs, for each region of the plan, a `BucketDispatch` (executor.dispatch) that sends a
+call to the backend the plan chose for its batch bucket; the executor regions a plan does not name (all of
+them in a format-1 plan) run on the executor's graphs. Imports: torch, models, executor, engine_builder.
 """
 
 from __future__ import annotations
@@ -63,12 +66,19 @@ log = logging.getLogger("tilevox.build")
 
 
 def whole_region_compositions(layout: Sequence[RegionLayout], backends: Sequence[Backend]) -> list[Composition]:
-    """Every composition that runs each region whole on one of `backends` (what the executor runs today)."""
+    """Every composition that runs each region whole on one of `backends` (what the executor runs today); an
+    executor region's conventional form is its graph, profiled in any conventional pass (_pass_backend)."""
     conventional = tuple(b for b in backends if b.is_conventional)
     longest = max(r.num_layers for r in layout)
     candidates = enumerate_compositions(layout, conventional=conventional or (Backend.GRAPH,), grid=longest)
-    allowed = set(backends)
-    return [c for c in candidates if all(p.backend in allowed for p in c.pieces)]
+    allowed = {r.name: {_pass_backend(r, b) for b in backends} for r in layout}
+    return [c for c in candidates if all(p.backend in allowed[p.region] for p in c.pieces)]
+
+
+def _pass_backend(region: RegionLayout, backend: Backend) -> Backend:
+    """What `region` runs on while `backend` is profiled: an executor region's conventional form is the
+    executor's graph as served (never Inductor-compiled), whichever conventional backend is profiled."""
+    return Backend.GRAPH if region.executor and backend.is_conventional else backend
 
 
 def _region_backend(
@@ -141,30 +151,40 @@ def build_plan(
     is reused instead of run again; new ones are added (the caller saves the cache)."""
     megakernel = _with_compiler(megakernel)
     tiling = megakernel_tiling(megakernel)
-    # A measurement that ran a megakernel is keyed by the tiling it was compiled with as well (a cache entry
-    # from before the tiling was recorded matches none).
-    mk_key = {"tiling": None if tiling is None else tiling.to_dict()}
-
-    def keyed(backend: Backend) -> dict:
-        return mk_key if backend is Backend.MEGAKERNEL else {}
-
     batches = sorted(set(batches))
     if not batches or batches[0] < 1:
         raise ValueError(f"batches must be positive, got {batches}")
     layout = model_layout(model)
     regions = [r.name for r in layout]
+    on_executor = [r.name for r in layout if r.executor]  # executor regions searched (graph or megakernel)
+    # A measurement that ran a megakernel is keyed by the tiling it was compiled with as well (a cache entry
+    # from before the tiling was recorded matches none), and by the executor regions it ran on the megakernel
+    # (an entry from before those were searched timed them on their graphs).
+    mk_key: dict = {"tiling": None if tiling is None else tiling.to_dict()}
+    if on_executor:
+        mk_key["executor_regions"] = on_executor
+
+    def keyed(backend: Backend) -> dict:
+        return mk_key if backend is Backend.MEGAKERNEL else {}
+
     measured: dict[tuple[str, str, int], float] = {}
     unavailable: dict[str, str] = {}
     profiled: list[Backend] = []
     made: dict = {}
+
+    def region_backend(region: RegionLayout, backend: Backend) -> Callable:
+        kind = _pass_backend(region, backend)
+        return _region_backend(model, region.name, kind, made, graphs=GraphOptions(), megakernel=megakernel)
+
     # Per batch, the anchor: a whole step with every region on the first conventional backend, timed end to end
-    # (one sync per step, as served). What the anchor spends beyond that composition's priced regions (the
-    # codec, sampling, host work between phases, less the overlap of host and GPU that the per-region syncs
-    # remove) is added to every candidate's regions: the conventional composition is predicted as its anchor,
-    # every other one as the anchor plus the difference of its priced regions. The same on every candidate, so
-    # it shifts predictions, not ranks.
+    # (one sync per step, as served). What the anchor spends beyond that composition's priced regions (sampling,
+    # host work between phases, the codec where it is no region, less the overlap of host and GPU that the
+    # per-region syncs remove) is added to every candidate's regions: the conventional composition is predicted
+    # as its anchor, every other one as the anchor plus the difference of its priced regions. The same on every
+    # candidate, so it shifts predictions, not ranks.
     anchor_ms: dict[int, float] = {}
-    install_graph_regions(model, executor_region_names(model))  # codec and sampling as served
+    # The other executor regions (sampling, prefill) as served; the searched ones are installed per pass.
+    install_graph_regions(model, [n for n in executor_region_names(model) if n not in on_executor])
     for backend in backends:
         anchors = backend.is_conventional and not any(b.is_conventional for b in profiled)
         # A backend whose every bucket is in the cache is not even installed (no megakernel compile).
@@ -187,14 +207,22 @@ def build_plan(
             for batch in batches
         }
         installed: dict[str, Callable] = {}
+        kept_on_graph: set[str] = set()  # executor regions whose megakernel backend cannot be made here
         if any(times is None for times in cached.values()) or (
             anchors and any(hit is None for hit in cached_anchor.values())
         ):
             try:
-                installed = {
-                    name: _region_backend(model, name, backend, made, graphs=GraphOptions(), megakernel=megakernel)
-                    for name in regions
-                }
+                for region in layout:
+                    try:
+                        installed[region.name] = region_backend(region, backend)
+                    except MegakernelUnavailable as exc:
+                        if not region.executor:
+                            raise
+                        # The decoder regions are still profiled on the megakernel; this one stays on its graph.
+                        unavailable[f"{backend.value} {region.name}"] = exc.reason
+                        log.warning("build: %s %s not profiled: %s", backend.value, region.name, exc.reason)
+                        kept_on_graph.add(region.name)
+                        installed[region.name] = region_backend(region, Backend.GRAPH)
                 for name, instance in installed.items():
                     set_region_backend(model, name, instance)
             except MegakernelUnavailable as exc:
@@ -211,7 +239,9 @@ def build_plan(
                 for name in regions:
                     if name not in times:
                         raise RuntimeError(f"region {name} did not run in a step of {batch} streams")
-                    if backend is Backend.MEGAKERNEL and installed[name].num_conventional_calls > fallbacks[name]:
+                    if backend is Backend.MEGAKERNEL and (
+                        name in kept_on_graph or installed[name].num_conventional_calls > fallbacks[name]
+                    ):
                         times[name] = math.inf  # some calls ran the conventional path (reason logged)
                 if cache is not None:
                     what = {"backend": backend.value, "batch": batch, "warmup": warmup, "steps": steps}
@@ -225,13 +255,17 @@ def build_plan(
                     if cache is not None:
                         what = {"backend": backend.value, "batch": batch, "warmup": warmup, "steps": steps}
                         cache.put("anchor", {"step": anchor_ms[batch]}, **what)
-            for name in regions:
-                measured[(name, backend.value, batch)] = times[name]
-                if not math.isfinite(times[name]):
-                    unavailable[f"{backend.value} {name} at {batch}"] = "calls ran the conventional path (see the log)"
+            for region in layout:
+                kind = _pass_backend(region, backend).value
+                if (region.name, kind, batch) in measured:
+                    continue  # an executor region's graph, timed in an earlier conventional pass
+                measured[(region.name, kind, batch)] = times[region.name]
+                if not math.isfinite(times[region.name]) and region.name not in kept_on_graph:
+                    unavailable[f"{kind} {region.name} at {batch}"] = "calls ran the conventional path (see the log)"
         profiled.append(backend)
-        for name in regions:
-            set_region_backend(model, name, None)
+        for region in layout:  # decoder regions back to their conventional path, executor regions to their graph
+            conventional = region_backend(region, Backend.GRAPH) if region.executor else None
+            set_region_backend(model, region.name, conventional)
     if not any(b.is_conventional for b in profiled):
         raise RuntimeError("no conventional backend could be profiled")
     anchor_backend = next(b for b in profiled if b.is_conventional)
@@ -244,6 +278,7 @@ def build_plan(
         },
         head_s={(name, Backend(kind), batch): 0.0 for (name, kind, batch) in measured if Backend(kind).is_conventional},
     )
+    anchor_backends = {r.name: _pass_backend(r, anchor_backend) for r in layout}
 
     def megakernel_s(piece: Piece, batch: int) -> float:
         return measured[(piece.region, Backend.MEGAKERNEL.value, batch)] * 1e-3
@@ -252,12 +287,12 @@ def build_plan(
     buckets, ranked_report = [], {}
     for batch in batches:
         ranked = search(layout, batch, conventional=conventional, megakernel=megakernel_s, candidates=candidates)
-        base = next(r for r in ranked if all(p.backend is anchor_backend for p in r.composition.pieces))
+        base = next(r for r in ranked if all(p.backend is anchor_backends[p.region] for p in r.composition.pieces))
         rest_ms = anchor_ms[batch] - base.step_s * 1e3
         ranked_report[batch] = [
             {
                 "label": r.composition.label(),
-                # the decoder regions as the search priced them, plus the anchor's time outside its regions
+                # the regions as the search priced them, plus the anchor's time outside its regions
                 "predicted_regions_ms": r.step_s * 1e3 if math.isfinite(r.step_s) else None,  # None: not measurable
                 "predicted_step_ms": (r.step_s * 1e3 + rest_ms) if math.isfinite(r.step_s) else None,
                 "composition": r.composition.to_list(),
@@ -332,21 +367,21 @@ def apply_plan(
     graphs: GraphOptions | None = None,
     megakernel: BackendOptions | None = None,
 ) -> dict[str, BucketDispatch]:
-    """Make `model` follow `plan`: per decoder region, a dispatcher over the backends its buckets chose
-    (a call above the largest bucket runs that bucket's choice), and the executor's graphs for the executor
-    regions. Megakernel pieces are compiled with the plan's tiling where it records one (its predictions were
-    measured with it), else with `megakernel`'s compiler. Raises PlanError for a plan of another layout or one
-    with layer splits (not runnable yet)."""
+    """Make `model` follow `plan`: per region of the plan, a dispatcher over the backends its buckets chose
+    (a call above the largest bucket runs that bucket's choice), and the executor's graphs for the other
+    executor regions (those an older plan does not name included). Megakernel pieces are compiled with the
+    plan's tiling where it records one (its predictions were measured with it), else with `megakernel`'s
+    compiler. Raises PlanError for a plan of another layout or one with layer splits (not runnable yet)."""
     graphs, megakernel = graphs or GraphOptions(), megakernel or BackendOptions()
     if plan.tiling is not None:
         megakernel = dataclasses.replace(megakernel, compiler=region_compiler(TilingConfig.from_dict(plan.tiling)))
     megakernel = _with_compiler(megakernel)
-    layout = model_layout(model)
-    if tuple(plan.layout) != layout:
-        raise PlanError(f"the plan's regions {[r.name for r in plan.layout]} do not match this model's {layout}")
+    _check_layout(plan, model_layout(model))
+    planned = {r.name for r in plan.layout}
+    install_graph_regions(model, [n for n in executor_region_names(model) if n not in planned], graphs)
     made: dict[tuple[str, Backend], Callable] = {}
     dispatchers = {}
-    for region in layout:
+    for region in plan.layout:
         choices = []
         for bucket in plan.buckets:
             pieces = [p for p in bucket.composition.pieces if p.region == region.name]
@@ -361,8 +396,16 @@ def apply_plan(
         dispatcher = BucketDispatch(region.name, lambda *a, _n=region.name, **k: call_batch(_n, *a, **k), choices)
         set_region_backend(model, region.name, dispatcher)
         dispatchers[region.name] = dispatcher
-    install_graph_regions(model, executor_region_names(model), graphs)
     return dispatchers
+
+
+def _check_layout(plan: Plan, layout: Sequence[RegionLayout]) -> None:
+    """PlanError unless the plan's regions are the model's, in its order: every decoder region, and any of its
+    executor regions (a plan built before they were searched names none; they then stay on their graphs)."""
+    names = {r.name for r in plan.layout}
+    expected = tuple(r for r in layout if r.name in names or not r.executor)
+    if tuple(plan.layout) != expected:
+        raise PlanError(f"the plan's regions {list(plan.layout)} do not match this model's {list(expected)}")
 
 
 def provenance_here(device: torch.device) -> Provenance:

@@ -7,19 +7,23 @@ predictor loop, is one unit) followed by its head. A `Composition` cuts every re
 `Piece`s, each run conventionally (captured CUDA graph of eager ops, or Inductor-compiled) or as one
 megakernel launch. Legal compositions: all conventional; the region as one megakernel; two to
 `max_megakernels` megakernels split at layer boundaries on a grid; and those with conventional pieces
-between them (`enumerate_compositions`).
+between them (`enumerate_compositions`). After the decoder regions come the executor regions that have a
+megakernel backend (Qwen3-TTS `codec_decode`; `RegionLayout.executor`): one uncuttable unit each, on the
+executor's CUDA graph as served or as the megakernel backend, never Inductor-compiled, and no cut is priced
+into or out of one (its measured time holds its own launches, and host work separates it from its
+neighbours).
 
 Prediction (`predict_step_s`) adds measured conventional times per layer and per head (a Vidur-like
 table, `ConventionalCosts`), each megakernel piece's time from a `MegakernelCost` (in the builder: the
 simulated tile graph of the compiled piece, engine_builder.regions.schedule.simulate), and the price of
 every cut between two pieces (`CutCosts`: the launch gap, the boundary tensor's round trip through memory
 at the batch's row count, the consumer's weight-prefetch stall). The objective per batch bucket is the
-predicted time to first audio, prefill + one frame + its codec decode: the composition changes only the
-frame, so the best frame is the best TTFA, and throughput (streams / frame time) breaks ties the same
-way; `search` ranks every candidate and keeps them all (their errors are reported, not only the
-winner's). `classify` names how the best composition moves with the batch (stable, receding,
-advancing, averse). `model_layout` reads a model's regions. Imports: stdlib (model_layout: models,
-engine_builder.regions, lazily).
+predicted time to first audio, prefill + one frame + its codec decode (`codec_s`, or inside the frame where
+the codec decode is a region of the layout): the composition changes only the frame, so the best frame is
+the best TTFA, and throughput (streams / frame time) breaks ties the same way; `search` ranks every
+candidate and keeps them all (their errors are reported, not only the winner's). `classify` names how the
+best composition moves with the batch (stable, receding, advancing, averse). `model_layout` reads a model's
+regions. Imports: stdlib (model_layout: models, executor.megakernel, engine_builder.regions, lazily).
 """
 
 from __future__ import annotations
@@ -65,18 +69,28 @@ class Backend(enum.Enum):
 class RegionLayout:
     """One region of a model's frame: `num_layers` layers then a head (norm + logits + sampling).
     `cuttable`: whether a megakernel may cover only some of its layers (the predictor loop may not).
-    `boundary_bytes_per_row`: the hidden state crossing a cut, per stream (hidden size x element size)."""
+    `boundary_bytes_per_row`: the hidden state crossing a cut, per stream (hidden size x element size).
+    `executor`: an executor region (models.region_backends.executor_region_names) with a megakernel backend:
+    one unit (a layer, no head cost), on Backend.GRAPH (the executor's graph as served) or Backend.MEGAKERNEL."""
 
     name: str
     num_layers: int
     cuttable: bool = True
     boundary_bytes_per_row: int = 0
+    executor: bool = False
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
             raise ValueError(f"region {self.name}: num_layers must be >= 1, got {self.num_layers}")
         if self.boundary_bytes_per_row < 0:
             raise ValueError(f"region {self.name}: boundary_bytes_per_row must be >= 0")
+        if self.executor and self.cuttable:
+            raise ValueError(f"region {self.name}: an executor region cannot be cut (cuttable=False)")
+
+    def backends(self, conventional: Sequence[Backend]) -> tuple[Backend, ...]:
+        """The backends this region may run whole on, given the conventional forms profiled: an executor
+        region's conventional form is always the executor's graph (it is never Inductor-compiled)."""
+        return (Backend.GRAPH, Backend.MEGAKERNEL) if self.executor else (*conventional, Backend.MEGAKERNEL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,6 +164,10 @@ class Composition:
                 raise ValueError(f"region {region.name}: the head belongs to its last piece only")
             if not region.cuttable and len(pieces) != 1:
                 raise ValueError(f"region {region.name} cannot be cut")
+            if region.executor and pieces[0].backend not in region.backends(()):
+                raise ValueError(
+                    f"executor region {region.name} runs on graph or megakernel, not {pieces[0].backend.value}"
+                )
 
     @property
     def num_megakernels(self) -> int:
@@ -178,7 +196,7 @@ def _region_splits(
     cuttable region 2..max_megakernels megakernels and mixed runs, cut on a grid of `grid` layers."""
     n = region.num_layers
     options: list[tuple[Piece, ...]] = []
-    for backend in (*conventional, Backend.MEGAKERNEL):
+    for backend in region.backends(conventional):
         options.append((Piece(region=region.name, first_layer=0, stop_layer=n, head=True, backend=backend),))
     if not region.cuttable or n < 2:
         return options
@@ -295,13 +313,16 @@ def predict_step_s(
     megakernel: MegakernelCost,
     cuts: CutCosts = CutCosts(),
 ) -> float:
-    """Predicted time of one frame (or step) of `batch` streams under `composition`."""
+    """Predicted time of one frame (or step) of `batch` streams under `composition` (no cut priced into or
+    out of an executor region)."""
     boundary = {r.name: r.boundary_bytes_per_row for r in layout}
+    executor = {r.name for r in layout if r.executor}
     total = 0.0
     for piece in composition.pieces:
         total += megakernel(piece, batch) if piece.backend is Backend.MEGAKERNEL else conventional.piece_s(piece, batch)
     for producer, consumer in itertools.pairwise(composition.pieces):
-        total += cuts.cut_s(producer, consumer, boundary[consumer.region], batch)
+        if producer.region not in executor and consumer.region not in executor:
+            total += cuts.cut_s(producer, consumer, boundary[consumer.region], batch)
     return total
 
 
@@ -396,8 +417,10 @@ def model_layout(model: object) -> tuple[RegionLayout, ...]:
     """The frame of `model` as the search sees it, from what the model declares (models.region_backends:
     its decoder regions in its order, each network's DecoderView): layers, whether a megakernel may cover
     part of them (decoder regions yes; the code-predictor loop is one unit), and the bytes per stream that
-    a cut moves (the region's hidden state)."""
+    a cut moves (the region's hidden state); then each executor region with a megakernel backend
+    (executor.megakernel.megakernel_region_names) as one uncuttable unit."""
     from tilevox.engine_builder.regions.spec import RegionKind, region_spec
+    from tilevox.executor.megakernel import megakernel_region_names
     from tilevox.models.region_backends import region_module, region_names
 
     layout = []
@@ -415,4 +438,8 @@ def model_layout(model: object) -> tuple[RegionLayout, ...]:
         )
     if not layout:
         raise ValueError(f"{type(model).__name__} declares no decoder regions to compose")
+    decoders = set(region_names(model))
+    for name in megakernel_region_names(model):
+        if name not in decoders:
+            layout.append(RegionLayout(name=name, num_layers=1, cuttable=False, executor=True))
     return tuple(layout)

@@ -12,6 +12,7 @@ KV-cache contract explicitly.
 
 Covered (whole regions only; OnnxLoweringError names anything else, e.g. a plan that cuts a region):
 Llasa's `decoder_step`, Qwen3-TTS's `talker_step` and `code_predictor_loop`, NH-TTS's `nh_decoder_step`.
+A plan's executor regions (Qwen3-TTS `codec_decode`) are the executor's, not lowered: export_plan skips them.
 
 Shapes: B = the bucket's batch; dtype = the model's; L layers, S cache slots, Hkv kv heads, T cache length,
 D head dim of the region's network; V its head's rows. Every file's caches: k_cache, v_cache (L, S, Hkv, T, D)
@@ -779,11 +780,13 @@ def export_plan(
 ) -> list[Path]:
     """Write `<out_dir>/<region>_b<batch>.onnx` for each region of each bucket of `plan` (the backend the bucket
     chose: megakernel -> a MegakernelRegion node, graph/compiled -> standard ops; a conventional
-    code_predictor_loop is greedy only, see export_code_predictor_loop). Megakernel regions are compiled with
-    the tiling the plan was measured with where it records one (`tiling`, if given, must equal it), else with
-    `tiling`. Returns the files written. OnnxLoweringError for a region this module does not lower, a region
-    the plan cuts (checked for every piece before anything is written) or a tiling other than the plan's."""
-    pieces = [(bucket.batch, piece) for bucket in plan.buckets for piece in bucket.composition.pieces]
+    code_predictor_loop is greedy only, see export_code_predictor_loop); the plan's executor regions are the
+    executor's and are skipped. Megakernel regions are compiled with the tiling the plan was measured with
+    where it records one (`tiling`, if given, must equal it), else with `tiling`. Returns the files written.
+    OnnxLoweringError for a region this module does not lower, a region the plan cuts (checked for every piece
+    before anything is written) or a tiling other than the plan's."""
+    executor = {r.name for r in plan.layout if r.executor}  # run by the executor, not lowered
+    pieces = [(b.batch, piece) for b in plan.buckets for piece in b.composition.pieces if piece.region not in executor]
     for batch, piece in pieces:
         if piece.first_layer != 0 or not piece.head:
             raise OnnxLoweringError(f"bucket {batch} cuts region {piece.region}; only whole regions lower")

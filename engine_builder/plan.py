@@ -5,7 +5,9 @@ hash, commit and profile date it was measured under. `load_plan` checks the sche
 against the model's region layout, and refuses a plan whose provenance does not match the machine it is
 loaded on (a plan measured elsewhere predicts nothing here). `Plan.bucket_for(batch)` is the plan of the
 smallest bucket that holds `batch` streams; `tiling`, the megakernel tiling the plan was measured with.
-Imports: stdlib, engine_builder.composition, engine_builder.regions.spec.
+Format 2 added executor regions to the layout (`RegionLayout.executor`: the Qwen3-TTS codec decode); a
+format-1 plan (decoder regions only) still loads, and apply_plan leaves the regions it lacks on the
+executor's graph. Imports: stdlib, engine_builder.composition, engine_builder.regions.spec.
 """
 
 from __future__ import annotations
@@ -19,9 +21,21 @@ from typing import Any
 from tilevox.engine_builder.composition import Composition, Ranked, RegionLayout
 from tilevox.engine_builder.regions.spec import TilingConfig
 
-__all__ = ["FORMAT", "MATCHED_BY_DEFAULT", "BucketPlan", "Plan", "PlanError", "Provenance", "load_plan", "save_plan"]
+__all__ = [
+    "FORMAT",
+    "MATCHED_BY_DEFAULT",
+    "READABLE_FORMATS",
+    "BucketPlan",
+    "Plan",
+    "PlanError",
+    "Provenance",
+    "load_plan",
+    "save_plan",
+]
 
-FORMAT = "tilevox.plan/1"
+FORMAT = "tilevox.plan/2"
+# Formats load_plan reads: 1 (decoder regions only) and 2 (executor regions in the layout too).
+READABLE_FORMATS = ("tilevox.plan/1", FORMAT)
 
 
 class PlanError(ValueError):
@@ -120,11 +134,15 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Plan:
-        if data.get("format") != FORMAT:
-            raise PlanError(f"not a {FORMAT} plan (format {data.get('format')!r})")
+        if data.get("format") not in READABLE_FORMATS:
+            raise PlanError(
+                f"not a {FORMAT} plan (format {data.get('format')!r}; this version reads {', '.join(READABLE_FORMATS)})"
+            )
         try:
             provenance = Provenance(**{f.name: str(data["provenance"][f.name]) for f in fields(Provenance)})
             layout = tuple(RegionLayout(**r) for r in data["layout"])
+            if data["format"] != FORMAT and any(r.executor for r in layout):
+                raise ValueError(f"a {data['format']} plan has decoder regions only")
             buckets = tuple(
                 BucketPlan(
                     batch=int(b["batch"]),

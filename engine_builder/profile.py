@@ -3,12 +3,14 @@ provenance for the plan.
 
 The models label each phase of a step with `torch.profiler.record_function("tilevox.<phase>")`, the
 phase named after its region (`tilevox.talker_step`, `tilevox.code_predictor_loop`,
-`tilevox.decoder_step`, ...). `phases_timed(PhaseTimer(device))` swaps that name in the labelled modules
-for a timer that synchronises the device before and after each phase, so a phase's time includes its
-launches and its GPU work. `SteadyStreams` keeps B streams open, replacing finished ones outside the timed
-spans. `region_times` runs warm-up steps, then timed steps, and returns each phase's median per step;
-`step_time_ms` times whole steps (one sync each, no per-region syncs) and returns their mean.
-`this_machine` is the provenance a plan built here records and a plan loaded here must match.
+`tilevox.decoder_step`, ...), an executor region's too (Qwen3-TTS `tilevox.codec_decode`: the batched
+decode of the streams' new frames through whatever backend the region has). `phases_timed(PhaseTimer(device))`
+swaps that name in the labelled modules for a timer that synchronises the device before and after each
+phase, so a phase's time includes its launches and its GPU work. `SteadyStreams` keeps B streams open,
+replacing finished ones outside the timed spans. `region_times` runs warm-up steps, then timed steps, and
+returns each phase's median per step; `step_time_ms` times whole steps (one sync each, no per-region
+syncs) and returns their mean. `this_machine` is the provenance a plan built here records and a plan
+loaded here must match.
 Imports: torch, models (streaming, capacity), engine_builder.plan, trt_plugins.library (path only).
 """
 

@@ -135,9 +135,9 @@ def _add_model_options(p) -> None:
         "--plan",
         type=Path,
         default=None,
-        help="a plan written by `tilevox build` on this GPU: each decoder region runs, per batch bucket, on the "
-        "backend the plan chose (CUDA graph or megakernel); refused if built on another GPU, driver or kernel "
-        "library; not with --megakernel",
+        help="a plan written by `tilevox build` on this GPU: each region it covers (decoder regions, and the codec "
+        "decode in plans since format 2) runs, per batch bucket, on the backend the plan chose (CUDA graph or "
+        "megakernel); refused if built on another GPU, driver or kernel library; not with --megakernel",
     )
     p.add_argument(
         "--megakernel-executor",
@@ -899,10 +899,14 @@ def _run_build(args: argparse.Namespace) -> int:
         from tilevox.engine_builder.report import plot_predicted_vs_measured
 
         plot_predicted_vs_measured(report["candidates"], args.out / "build_report.png")
+    simulable = {r.name for r in result.plan.layout if not r.executor}  # executor regions have no simulated cost
     chosen = [
-        (b.batch, p) for b in result.plan.buckets for p in b.composition.pieces if p.backend is Backend.MEGAKERNEL
+        (b.batch, p)
+        for b in result.plan.buckets
+        for p in b.composition.pieces
+        if p.backend is Backend.MEGAKERNEL and p.region in simulable
     ]
-    if chosen:  # the simulated SM queues of every megakernel piece the plan chose
+    if chosen:  # the simulated SM queues of every megakernel piece of a decoder region the plan chose
         from tilevox.engine_builder.simulated_costs import SimulatedMegakernelCost
 
         simulated = SimulatedMegakernelCost(model, context=args.context)

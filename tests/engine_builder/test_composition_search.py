@@ -193,10 +193,10 @@ def test_a_plan_from_elsewhere_or_broken_is_refused(tmp_path):
         load_plan(path)
     data["format"] = "tilevox.plan/0"
     path.write_text(json.dumps(data))
-    with pytest.raises(PlanError, match="not a tilevox.plan/1 plan"):
+    with pytest.raises(PlanError, match="not a tilevox.plan/2 plan .*reads tilevox.plan/1, tilevox.plan/2"):
         load_plan(path)
     del data["provenance"]
-    data["format"] = "tilevox.plan/1"
+    data["format"] = "tilevox.plan/2"
     path.write_text(json.dumps(data))
     with pytest.raises(PlanError, match="malformed plan"):
         load_plan(path)
@@ -229,14 +229,15 @@ def test_the_layout_comes_from_what_the_models_declare():
     qwen = load_qwen3("qwen3-tts-tiny")
     layout = model_layout(qwen)
     talker, predictor = qwen.talker.config.transformer, qwen.talker.config.code_predictor.transformer
-    assert {r.name: (r.num_layers, r.cuttable) for r in layout} == {
-        "talker_step": (talker.num_layers, True),
-        "code_predictor_loop": (predictor.num_layers, False),
-    }
-    assert all(r.boundary_bytes_per_row > 0 for r in layout)
+    assert [(r.name, r.num_layers, r.cuttable, r.executor) for r in layout] == [
+        ("talker_step", talker.num_layers, True, False),
+        ("code_predictor_loop", predictor.num_layers, False, False),
+        ("codec_decode", 1, False, True),  # the executor region with a megakernel backend: one unit
+    ]
+    assert all(r.boundary_bytes_per_row > 0 for r in layout if not r.executor)
     assert all(c.num_megakernels <= 4 for c in enumerate_compositions(layout))
     llasa = load_llasa("llama-tiny", device="cpu", dtype=torch.float32)
-    (decoder,) = model_layout(llasa)
+    (decoder,) = model_layout(llasa)  # its executor regions (chunk decode, sampling) have no megakernel backend
     assert decoder.name == "decoder_step" and decoder.num_layers == llasa.llama.config.num_hidden_layers
 
 

@@ -20,7 +20,7 @@ pytest.importorskip("onnxscript", reason="trt_plugins.onnx needs `onnxscript`")
 
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-from tilevox.engine_builder.composition import Backend, Piece  # noqa: E402
+from tilevox.engine_builder.composition import Backend, Piece, RegionLayout  # noqa: E402
 from tilevox.engine_builder.onnx_lowering import (  # noqa: E402
     CacheLayout,
     OnnxLoweringError,
@@ -129,15 +129,18 @@ def test_megakernel_node_attributes_round_trip_to_the_program(tiny_llama):
 
 
 def test_unsupported_regions_and_cuts_are_refused(tiny_llama):
-    def plan(piece):
+    def plan(piece, layout=()):
         return SimpleNamespace(
-            buckets=[SimpleNamespace(batch=1, composition=SimpleNamespace(pieces=[piece]))], tiling=None
+            buckets=[SimpleNamespace(batch=1, composition=SimpleNamespace(pieces=[piece]))], tiling=None, layout=layout
         )
 
     model = SimpleNamespace(max_streams=2, max_seq_len=8)
     codec = Piece(region="codec_decode", first_layer=0, stop_layer=1, head=True, backend=Backend.GRAPH)
     with pytest.raises(OnnxLoweringError, match="codec_decode has no ONNX lowering yet"):
         export_plan(model, plan(codec), "unused")
+    # the same region declared an executor region of the plan is the executor's: skipped, nothing written
+    executor = RegionLayout(name="codec_decode", num_layers=1, cuttable=False, executor=True)
+    assert export_plan(model, plan(codec, (executor,)), "unused") == []
     cut = Piece(region="decoder_step", first_layer=0, stop_layer=1, head=False, backend=Backend.MEGAKERNEL)
     with pytest.raises(OnnxLoweringError, match="cuts region decoder_step"):
         export_plan(model, plan(cut), "unused")
@@ -324,7 +327,7 @@ def test_build_onnx_writes_qwen3_tts_regions(tmp_path, capsys, monkeypatch, winn
     def fake_region_times(model, batch, **_):
         on_megakernel = type(model.talker_step_backend).__name__.startswith("Megakernel")
         fast = on_megakernel == (winner == "megakernel")
-        return {"talker_step": 1.0 if fast else 10.0, "code_predictor_loop": 1.0 if fast else 10.0}
+        return {region: 1.0 if fast else 10.0 for region in ("talker_step", "code_predictor_loop", "codec_decode")}
 
     monkeypatch.setattr(build, "region_times", fake_region_times)
     out = tmp_path / "build"
@@ -337,13 +340,16 @@ def test_build_onnx_writes_qwen3_tts_regions(tmp_path, capsys, monkeypatch, winn
     written, backends = set(), set()
     for bucket in plan["buckets"]:
         for piece in bucket["composition"]:
+            backends.add(piece["backend"])
+            if piece["region"] == "codec_decode":  # an executor region (on `winner` too): the executor's, not lowered
+                continue
             path = out / "onnx" / f"{piece['region']}_b{bucket['batch']}.onnx"
             onnx.checker.check_model(str(path), full_check=True)
             nodes = {n.op_type for n in onnx.load(str(path)).graph.node}
             assert (MEGAKERNEL_REGION in nodes) == (piece["backend"] == "megakernel"), (piece, nodes)
             written.add(path.name)
-            backends.add(piece["backend"])
     assert backends == {winner}
+    assert {p.name for p in (out / "onnx").iterdir()} == written
     assert written == {f"{r}_b{b}.onnx" for r in ("talker_step", "code_predictor_loop") for b in (1, 2)}
 
 

@@ -35,9 +35,9 @@ def test_build_profiles_both_backends_and_writes_a_plan_synth_follows(tmp_path, 
     assert [b.batch for b in plan.buckets] == [1, 2] and plan.provenance.gpu == "cpu"
     report = json.loads((out / "build_report.json").read_text())
     measured = {(m["region"], m["backend"], m["batch"]) for m in report["measured_ms"]}
-    regions = {"talker_step", "code_predictor_loop"}
+    regions = {"talker_step", "code_predictor_loop", "codec_decode"}
     assert measured == {(r, b, n) for r in regions for b in ("graph", "megakernel") for n in (1, 2)}
-    assert len(report["candidates"]["1"]) == 4  # each of two regions on graph or megakernel
+    assert len(report["candidates"]["1"]) == 8  # each of three regions (the codec decode too) on graph or megakernel
     for batch in ("1", "2"):  # the two best predicted ran end to end; the plan took the faster
         rows = report["candidates"][batch]
         measured = [row["measured_step_ms"] for row in rows[:2]]
@@ -104,7 +104,7 @@ def test_build_draws_the_timelines_of_the_chosen_megakernel_pieces(tmp_path, mon
 
     def fake_region_times(model, batch, **_):
         on_megakernel = type(model.talker_step_backend).__name__.startswith("Megakernel")
-        return {"talker_step": 1.0 if on_megakernel else 10.0, "code_predictor_loop": 1.0 if on_megakernel else 10.0}
+        return dict.fromkeys(("talker_step", "code_predictor_loop", "codec_decode"), 1.0 if on_megakernel else 10.0)
 
     monkeypatch.setattr(build, "region_times", fake_region_times)
     out = tmp_path / "build"
@@ -112,6 +112,7 @@ def test_build_draws_the_timelines_of_the_chosen_megakernel_pieces(tmp_path, mon
     assert main([*argv, "--megakernel-executor", "vm", "--context", "64", "--out", str(out)]) == 0
     plan = load_plan(out / "plan.json")
     assert all(p.backend is Backend.MEGAKERNEL for b in plan.buckets for p in b.composition.pieces)
+    # the codec decode's megakernel (an executor region) has no simulated timeline: none drawn for it
     drawn = sorted(p.name for p in out.glob("timeline_*.png"))
     assert drawn == [f"timeline_{r}_b{b}.png" for r in ("code_predictor_loop", "talker_step") for b in (1, 2)]
 
@@ -161,7 +162,8 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     def fake_region_times(model, batch, **_):
         calls["regions"] += 1
         on_megakernel = type(model.talker_step_backend).__name__.startswith("Megakernel")
-        return {"talker_step": 2.0 if on_megakernel else 3.0, "code_predictor_loop": 5.0 if on_megakernel else 4.0}
+        times = {"talker_step": 2.0 if on_megakernel else 3.0, "code_predictor_loop": 5.0 if on_megakernel else 4.0}
+        return {**times, "codec_decode": 1.5 if on_megakernel else 1.0}
 
     def fake_step_time_ms(model, batch, **_):
         calls["step"] += 1
@@ -176,21 +178,24 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     assert main(argv) == 0
     assert calls == {"regions": 4, "step": 6}  # 2 backends x 2 batches; 2 anchors + 2 candidates x 2 batches
     first = json.loads((out / "build_report.json").read_text())
-    # Predictions are anchored on the whole conventional step (7 + batch ms; its regions take 3 + 4 ms): the
+    # Predictions are anchored on the whole conventional step (7 + batch ms; its regions take 3 + 4 + 1 ms): the
     # all-graph composition is predicted as its anchor, the others as the anchor plus their regions' difference
-    # (and the priced cost of a cut between a graph and a megakernel, microseconds).
+    # (and the priced cost of a cut between a graph and a megakernel, microseconds; none around the codec decode).
     assert first["anchor_step_ms"] == {"1": 8.0, "2": 9.0}
+    decoders = {
+        "talker_step[0-2+head]=graph code_predictor_loop[0-2+head]=graph": 0.0,
+        "talker_step[0-2+head]=mk code_predictor_loop[0-2+head]=graph": -1.0,
+        "talker_step[0-2+head]=graph code_predictor_loop[0-2+head]=mk": 1.0,
+        "talker_step[0-2+head]=mk code_predictor_loop[0-2+head]=mk": 0.0,
+    }
+    codec = {"codec_decode[0-1+head]=graph": 0.0, "codec_decode[0-1+head]=mk": 0.5}
     for batch in (1, 2):
         predicted = {row["label"]: row["predicted_step_ms"] for row in first["candidates"][str(batch)]}
-        assert predicted["talker_step[0-2+head]=graph code_predictor_loop[0-2+head]=graph"] == 7.0 + batch
+        all_graph = "talker_step[0-2+head]=graph code_predictor_loop[0-2+head]=graph codec_decode[0-1+head]=graph"
+        assert predicted[all_graph] == 7.0 + batch
         assert predicted == pytest.approx(
             abs=0.01,
-            expected={
-                "talker_step[0-2+head]=graph code_predictor_loop[0-2+head]=graph": 7.0 + batch,
-                "talker_step[0-2+head]=mk code_predictor_loop[0-2+head]=graph": 7.0 + batch - 1.0,
-                "talker_step[0-2+head]=graph code_predictor_loop[0-2+head]=mk": 7.0 + batch + 1.0,
-                "talker_step[0-2+head]=mk code_predictor_loop[0-2+head]=mk": 7.0 + batch,
-            },
+            expected={f"{d} {c}": 7.0 + batch + dd + dc for d, dd in decoders.items() for c, dc in codec.items()},
         )
     assert first["profile_cache"]["reused"] == 0 and (out / "profile_cache.json").is_file()
     assert first["category"] == "megakernel-stable"  # talker on the megakernel at both batches
@@ -244,7 +249,8 @@ def test_the_plan_records_its_megakernel_tiling_and_the_cache_keys_on_it(tmp_pat
     def fake_region_times(model, batch, **_):
         on_megakernel = type(model.talker_step_backend).__name__.startswith("Megakernel")
         calls["regions"].append("megakernel" if on_megakernel else "graph")
-        return {"talker_step": 2.0 if on_megakernel else 3.0, "code_predictor_loop": 5.0 if on_megakernel else 4.0}
+        times = {"talker_step": 2.0 if on_megakernel else 3.0, "code_predictor_loop": 5.0 if on_megakernel else 4.0}
+        return {**times, "codec_decode": 1.0}
 
     def fake_step_time_ms(model, batch, **_):
         calls["step"] += 1
