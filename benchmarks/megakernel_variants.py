@@ -1,6 +1,6 @@
 """Same-run A/B of megakernel build variants: one kernel library per setting of the build-time switches in
 trt_plugins/csrc/megakernel/ (TILEVOX_MK_POLL, _RELEASE, _INFLIGHT, _ACQUIRE, _ATTN_SPLIT, _EARLY_POLL,
-_OP_NOINLINE, _WEIGHT_L1, _QKV_INFLIGHT), or `LIB@TILING` for library LIB compiled with another tiling (TILINGS), each
+_OP_NOINLINE, _WEIGHT_L1, _QKV_INFLIGHT, _TYPED_ROPE), or `LIB@TILING` for library LIB compiled with another tiling (TILINGS), each
 timed and profiled by `benchmarks.megakernel_profile` in its own process on one GPU, and checked bitwise
 against the default build's outputs (the switches change waits, releases and load depth, never arithmetic;
 TILEVOX_MK_ATTN_SPLIT reorders attention's fp32 sums, so its variants are checked against the VM by the GPU
@@ -43,6 +43,7 @@ VARIANTS: dict[str, dict[str, int]] = {
     "inflight2": {"TILEVOX_MK_INFLIGHT": 2},
     "noalloc": {"TILEVOX_MK_WEIGHT_L1": 0},
     "qkv2": {"TILEVOX_MK_QKV_INFLIGHT": 2},
+    "typedrope": {"TILEVOX_MK_TYPED_ROPE": 1},
 }
 # Compile-side variants: `LIB@TILING` runs library LIB with benchmarks.megakernel_profile's extra flags
 # TILINGS[TILING] (other tile sizes sum in another fp32 order: checked against the VM by the GPU tests).
@@ -128,13 +129,22 @@ def run(libs: Path, out: Path, names: list[str], batches: str, commit: str, extr
     ]
     table.append("|---" * (2 + len((base or {}).get("rows", []))) + "|")
     for name, res in results.items():
-        same = base is not None and all(
-            a["fingerprint"] == b["fingerprint"] for a, b in zip(res["rows"], base["rows"], strict=True)
+        # Compared with the default library at the same tiling when that ran (LIB@T against default@T), else with
+        # the default itself.
+        tiling = name.partition("@")[2]
+        ref_name = f"default@{tiling}" if tiling and f"default@{tiling}" in results else "default"
+        ref = results.get(ref_name)
+        same = ref is not None and all(
+            a["fingerprint"] == b["fingerprint"] for a, b in zip(res["rows"], ref["rows"], strict=True)
         )
         lib = _split(name)[0]
-        reordered = name.startswith("rev-") or "@" in name or any(k in REORDERED for k in VARIANTS.get(lib, {}))
+        reordered = (
+            name.startswith("rev-")
+            or (ref_name == "default" and "@" in name)
+            or any(k in REORDERED for k in VARIANTS.get(lib, {}))
+        )
         failures += 0 if same or reordered else 1
-        verdict = "= default" if same else ("reordered sums (GPU tests vs the VM)" if reordered else "DIFFER")
+        verdict = f"= {ref_name}" if same else ("reordered sums (GPU tests vs the VM)" if reordered else "DIFFER")
         cells = [f"{r['graph_ms_no_prefetch']:.3f}" for r in res["rows"]]
         table.append(f"| {name} | " + " | ".join(cells) + f" | {verdict} |")
     missing = [n for n in names if n not in results]
@@ -144,7 +154,7 @@ def run(libs: Path, out: Path, names: list[str], batches: str, commit: str, extr
     out.write_text(
         json.dumps(
             {
-                "benchmark": "megakernel build variants, Llama-1B step (benchmarks.megakernel_profile per variant)",
+                "benchmark": "megakernel build variants (benchmarks.megakernel_profile per variant; its model in each result)",
                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "commit": commit,
                 "variants": {

@@ -66,6 +66,80 @@ __device__ __forceinline__ Fresh fresh_of(const Ctx& c, const int* inst) {
   return f;
 }
 
+#if TILEVOX_MK_TYPED_ROPE
+// The split-QKV operands of one (row, kv group) item, into the warp's staging area: the queries of `heads` heads
+// from raw q (B, H x D) at head `head0`, each through norm_rope_in_place (qk_norm_w row 0), into q (heads x D
+// floats); with kn (not null), the newest key (row 1) and value of kv group `group` rounded to the caches' dtypes
+// into kn and vn. T: as in KV_APPEND (Typed<BF16> for the served models). Every raw load is issued before the
+// first store (H100, 2026-12-07, typed loads-first with the out-of-place rope: the predictor's split-QKV
+// ATTN_PARTIAL 36 against 48 us at batch 1).
+template <int T>
+__device__ __noinline__ void fresh_operands_t(const Ctx& c, const Fresh& fr, const Buf& q_buf, const Buf& k_cache,
+                                              const Buf& v_cache, int b, int group, int head0, int heads, int64_t pos,
+                                              float* q, float* kn, float* vn) {
+  // Copies in registers: the caller's views sit in its stack frame (local memory), and read through the references
+  // each element's load would first wait for a local load of the view's pointer and dtype.
+  const Fresh f = fr;
+  const Buf qb = q_buf, kc = k_cache, vc = v_cache;
+  const int lane = threadIdx.x & 31, D = c.prm.head_dim, H = c.prm.num_heads;
+  const float eps = c.prm.rms_norm_eps;
+  const int64_t src = (int64_t)b * f.k_new.dims[1] + (int64_t)group * D;
+  float kv[kHeadPer], vv[kHeadPer];
+#pragma unroll
+  for (int j = 0; j < kHeadPer; ++j) {
+    const int d = lane + 32 * j;
+    kv[j] = kn != nullptr && d < D ? ld_act_t<T>(f.k_new, src + d) : 0.f;
+    vv[j] = kn != nullptr && d < D ? rnd_t<T>(ld_act_t<T>(f.v_new, src + d), vc.dt) : 0.f;
+  }
+  // The heads' raw queries are contiguous: (b * H + head0) * D + h * D + d. Eight per lane in flight at a time.
+  const int64_t qsrc = ((int64_t)b * H + head0) * D;
+  const int n = heads * D;
+  for (int i0 = 0; i0 < n; i0 += 32 * 8) {
+    float raw[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int idx = i0 + lane + 32 * i;
+      raw[i] = idx < n ? ld_act_t<T>(qb, qsrc + idx) : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int idx = i0 + lane + 32 * i;
+      if (idx < n) q[idx] = raw[i];
+    }
+  }
+  if (kn != nullptr) {
+#pragma unroll
+    for (int j = 0; j < kHeadPer; ++j) {
+      const int d = lane + 32 * j;
+      if (d < D) {
+        kn[d] = kv[j];
+        vn[d] = vv[j];
+      }
+    }
+  }
+  __syncwarp();
+#pragma unroll 1
+  for (int h = 0; h < heads; ++h)
+    norm_rope_in_place<T>(q + h * D, f.qkn, f.has_qkn, 0, f.inv_freq, pos, D, qb.dt, eps);
+  if (kn != nullptr) {
+    norm_rope_in_place<T>(kn, f.qkn, f.has_qkn, 1, f.inv_freq, pos, D, f.k_new.dt, eps);
+#pragma unroll 1
+    for (int d = lane; d < D; d += 32) kn[d] = rnd_t<T>(kn[d], kc.dt);
+    __syncwarp();
+  }
+}
+
+// Typed<BF16> when q, the newest key and value and both caches are bf16 (the served models; see ld_act_t).
+__device__ __forceinline__ void fresh_operands(const Ctx& c, const Fresh& f, const Buf& qb, const Buf& kc,
+                                               const Buf& vc, int b, int group, int head0, int heads, int64_t pos,
+                                               float* q, float* kn, float* vn) {
+  if (qb.dt == BF16 && f.k_new.dt == BF16 && f.v_new.dt == BF16 && kc.dt == BF16 && vc.dt == BF16)
+    fresh_operands_t<BF16>(c, f, qb, kc, vc, b, group, head0, heads, pos, q, kn, vn);
+  else
+    fresh_operands_t<-1>(c, f, qb, kc, vc, b, group, head0, heads, pos, q, kn, vn);
+}
+
+#else
 __device__ __noinline__ void fresh_queries(const Ctx& c, const Fresh& f, const Buf& qb, int b, int head0, int heads,
                                               int64_t pos, float* q) {
   const int lane = threadIdx.x & 31, D = c.prm.head_dim, H = c.prm.num_heads;
@@ -94,6 +168,8 @@ __device__ __noinline__ void fresh_key_value(const Ctx& c, const Fresh& f, const
   for (int j = 0, d = lane; d < D; d += 32, ++j) kn[d] = rnd(outv[j], kc.dt);
   __syncwarp();
 }
+
+#endif
 
 // One more key in a warp's online softmax (m, l warp-uniform): returns its weight e relative to the new maximum
 // and the factor corr that rescales what was accumulated before; m and l are updated.
@@ -312,8 +388,14 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
     }
     __syncwarp();
     if (fr.on) {
+#if TILEVOX_MK_TYPED_ROPE
+      const bool with_new = has_new && (!split || warp == 0);
+      fresh_operands(c, fr, qb, kc, vc, b, group, group * G, G, length - 1, q, with_new ? q + G * D : nullptr,
+                     q + (G + 1) * D);
+#else
       fresh_queries(c, fr, qb, b, group * G, G, length - 1, q);
       if (has_new && (!split || warp == 0)) fresh_key_value(c, fr, kc, vc, b, group, length - 1, q + G * D, q + (G + 1) * D);
+#endif
     } else if (qb.dt == BF16 && (G * D) % 8 == 0) {  // 16-byte loads, all in flight at once
       const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(qb.p) +
                                                         ((int64_t)b * H + group * G) * D);
@@ -457,8 +539,12 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
       const int head = group * G + i;
       __syncwarp();
       if (fr.on) {
+#if TILEVOX_MK_TYPED_ROPE
+        fresh_operands(c, fr, qb, kc, vc, b, group, head, 1, length - 1, q, has_new ? kn : nullptr, vn);
+#else
         fresh_queries(c, fr, qb, b, head, 1, length - 1, q);
         if (has_new) fresh_key_value(c, fr, kc, vc, b, group, length - 1, kn, vn);
+#endif
       } else {
         for (int d = lane; d < D; d += 32) q[d] = ld_act(qb, ((int64_t)b * H + head) * D + d);
         __syncwarp();
