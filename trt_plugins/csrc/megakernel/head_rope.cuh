@@ -33,6 +33,7 @@ __device__ __forceinline__ void norm_rope_head(float* h, const Buf& norm_w, bool
   __syncwarp();
 }
 
+#if TILEVOX_MK_TYPED_ROPE  // see common.cuh
 constexpr int kHeadPer = TILEVOX_MK_MAX_HEAD_DIM / 32;  // a lane's dims of one head: d = lane + 32 j
 
 // Rope's cosine and sine of one angle, out of line: precise sinf / cosf each inline a large argument-reduction slow
@@ -78,3 +79,4 @@ __device__ __forceinline__ void norm_rope_in_place(float* h, const Buf& norm_w, 
   }
   __syncwarp();
 }
+#endif
