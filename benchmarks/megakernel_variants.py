@@ -33,6 +33,8 @@ VARIANTS: dict[str, dict[str, int]] = {
     "default": {},
     "relaxed": {"TILEVOX_MK_ACQUIRE": 0},
     "nosplit": {"TILEVOX_MK_ATTN_SPLIT": 0},
+    "adaptive": {"TILEVOX_MK_ATTN_SPLIT": 2},
+    "repeatattn": {"TILEVOX_MK_REPEAT_ATTN": 1},  # a diagnostic (common.cuh): ATTN_PARTIAL run twice
     "early": {"TILEVOX_MK_EARLY_POLL": 1},
     "early+relaxed": {"TILEVOX_MK_EARLY_POLL": 1, "TILEVOX_MK_ACQUIRE": 0},
     "inline": {"TILEVOX_MK_OP_NOINLINE": 0},

@@ -94,6 +94,13 @@ constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are pr
 #ifndef TILEVOX_MK_TYPED_ROPE
 #define TILEVOX_MK_TYPED_ROPE 0
 #endif
+// TILEVOX_MK_REPEAT_ATTN: a diagnostic, never for serving: 1 = every ATTN_PARTIAL runs twice in a row on its SM (the
+// second run idempotent: same inputs, same outputs), so that the profile's execution time of the pair, against
+// one run's, says how much of one run is cold-start cost (instruction fetch into a cold SM; its data come from L2
+// both times) rather than the work itself.
+#ifndef TILEVOX_MK_REPEAT_ATTN
+#define TILEVOX_MK_REPEAT_ATTN 0
+#endif
 #if TILEVOX_MK_OP_NOINLINE
 #define TILEVOX_MK_OP __device__ __noinline__
 #else

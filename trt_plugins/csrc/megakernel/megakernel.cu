@@ -148,6 +148,10 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(const __grid_constant_
         break;
       case TILEVOX_MK_OP_ATTN_PARTIAL:
         ok = op_attn_partial(c, inst, extra, xs);
+#if TILEVOX_MK_REPEAT_ATTN
+        __syncthreads();  // the first run's shared-memory staging is done before the second overwrites it
+        if (ok) ok = op_attn_partial(c, inst, extra, xs);
+#endif
         break;
       case TILEVOX_MK_OP_ATTN_REDUCE:
         ok = op_attn_reduce(c, inst, extra);

@@ -189,9 +189,11 @@ __device__ __forceinline__ void online_key(const float* q, const float* kn, int 
 // Build-time switch (see common.cuh's A/B switches): TILEVOX_MK_ATTN_SPLIT 1 (default) = when an instruction has
 // fewer (row, partition) items than warps and a partition spans several 32-key rounds, the warps share each
 // item's rounds (warp w takes rounds w, w + 8, ...) with one online softmax each, and their (max, sum, weighted
-// values) combine through shared memory by log-sum-exp; 0 = one warp per item. Same outputs up to the fp32
-// order of the sums over keys (the VM sums serially). H100, 2026-12-06, Llasa-1B step at batch 1, context 512,
-// 256-key partitions: 2.81 ms against 3.29 without (benchmarks/results/megakernel_variants_h100_4266d9f_pt{64,256}.json).
+// values) combine through shared memory by log-sum-exp; 0 = one warp per item; 2 = split only an item whose cached
+// keys span several rounds (a one-round item's split gives the same bits as one warp: its combine multiplies by
+// exp(0) = 1). Same outputs up to the fp32 order of the sums over keys (the VM sums serially). H100, 2026-12-06,
+// Llasa-1B step at batch 1, context 512, 256-key partitions: 2.81 ms against 3.29 without
+// (benchmarks/results/megakernel_variants_h100_4266d9f_pt{64,256}.json).
 #ifndef TILEVOX_MK_ATTN_SPLIT
 #define TILEVOX_MK_ATTN_SPLIT 1
 #endif
@@ -357,8 +359,8 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
   const int items = (r1 - r0) * (t_stop - t_start);
   const int rounds = (PT + 31) / 32;
   // Split: warps share an item's rounds (block-uniform: items and rounds are the instruction's).
-  const bool split = TILEVOX_MK_ATTN_SPLIT && items < kWarps && rounds > 1;
-  const int item0 = split ? 0 : warp, item_step = split ? 1 : kWarps;
+  const bool eligible = TILEVOX_MK_ATTN_SPLIT && items < kWarps && rounds > 1;
+  const int item0 = eligible ? 0 : warp, item_step = eligible ? 1 : kWarps;
   for (int item = item0; item < items; item += item_step) {
     const int b = r0 + item / (t_stop - t_start), part = t_start + item % (t_stop - t_start);
     const int64_t first = (int64_t)part * PT;
@@ -375,6 +377,13 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
     // Split QKV: the newest position (length - 1) comes from k_new / v_new, the cache only below it.
     const bool has_new = fr.on && last == span.count;
     const int64_t cached = has_new ? last - 1 : last;
+#if TILEVOX_MK_ATTN_SPLIT == 2
+    // Adaptive: an item whose cached keys fit one round goes to one warp (the others have no keys to share).
+    const bool split = eligible && cached - first > 32;  // block-uniform: every warp reads the same item
+    if (eligible && !split && warp != item % kWarps) continue;
+#else
+    const bool split = eligible;
+#endif
     if (last <= first) {
       if (!split || warp == 0) {
         for (int idx = lane; idx < G * D; idx += 32) st(po, base_bp * G * D + idx, 0.f);

@@ -1,0 +1,129 @@
+"""Per-function totals of Nsight Compute's PC sampling for one megakernel launch (issue 13: where a small
+instruction's time goes). Reads mk_ncu.sh's NAME_sass.csv.gz (`ncu --page source --csv --print-source sass`: one
+row per SASS instruction, with its address, executed instructions and warp-stall samples by reason) and an
+nvdisasm listing of the same cubin (`nvdisasm -c`), whose labels give each function's start address: the
+interpreter loop, each opcode body (`op_*`, `__noinline__`), their helpers. Prints, per function, its share of all
+samples, its executed instructions and its leading stall reasons; the spin-wait of wait_deps falls in the loop or
+in the opcode that calls it.
+
+    python3 benchmarks/device/ncu_functions.py pred_sass.csv.gz megakernel.sass [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import csv
+import gzip
+import io
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+_LABEL = re.compile(r"^(?:\$[^\s$]*\$)?(\$?[_A-Za-z][\w$.]*):\s*$")
+_ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/")
+
+
+def function_starts(listing: str) -> list[tuple[int, str]]:
+    """(start address, short name) of every function in an `nvdisasm -c` listing, sorted by address."""
+    starts, pending = [], None
+    for line in listing.splitlines():
+        if line.startswith(".") or line.lstrip().startswith("."):
+            continue
+        label = _LABEL.match(line.strip())
+        if label and not label.group(1).startswith(".L"):
+            pending = label.group(1)
+            continue
+        addr = _ADDR.search(line)
+        if addr and pending:
+            starts.append((int(addr.group(1), 16), short_name(pending)))
+            pending = None
+    return sorted(starts)
+
+
+def short_name(mangled: str) -> str:
+    """The function's own name out of an Itanium-mangled one in the megakernel's anonymous namespace."""
+    tail = re.split(r"_cu_[0-9a-f]{8}", mangled)[-1]
+    name = re.match(r"\d+([A-Za-z_]\w*?)(?:E|I|$)", tail) if tail[:1].isdigit() else None
+    if name is None:
+        return mangled[:60]
+    length = int(re.match(r"\d+", tail).group(0))
+    text = tail[len(str(length)) : len(str(length)) + length]
+    template = re.match(r"I((?:Li n?\d+E)+)E".replace(" ", ""), tail[len(str(length)) + length :])
+    if template is None:
+        return text
+    values = [v.replace("n", "-") for v in re.findall(r"Li(n?\d+)E", template.group(1))]
+    return f"{text}<{','.join(values)}>"
+
+
+def read_source_csv(path: Path) -> list[dict[str, str]]:
+    text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith('"Address"') or line.startswith("Address"))
+    return list(csv.DictReader(io.StringIO("\n".join(lines[header:]))))
+
+
+def _number(value: str | None) -> float:
+    try:
+        return float((value or "0").replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def summarize(rows: list[dict[str, str]], starts: list[tuple[int, str]]) -> dict:
+    columns = list(rows[0]) if rows else []
+    samples = next((c for c in columns if "Sampling (All" in c), None)
+    executed = next((c for c in columns if c.startswith("Instructions Executed")), None)
+    reasons = [c for c in columns if c.startswith("stall_") or c.startswith("smsp__pcsamp")]
+    addresses = [a for a, _ in starts]
+    per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for row in rows:
+        try:
+            address = int(row["Address"], 16)
+        except (KeyError, ValueError):
+            continue
+        i = bisect.bisect_right(addresses, address) - 1
+        name = starts[i][1] if i >= 0 else "?"
+        if samples:
+            per[name]["samples"] += _number(row[samples])
+        if executed:
+            per[name]["executed"] += _number(row[executed])
+        for reason in reasons:
+            per[name][reason] += _number(row[reason])
+    total = sum(v["samples"] for v in per.values()) or 1.0
+    out = []
+    for name, v in sorted(per.items(), key=lambda kv: -kv[1]["samples"]):
+        top = sorted(((r, v[r]) for r in reasons if v[r] > 0), key=lambda t: -t[1])[:6]
+        out.append(
+            {
+                "function": name,
+                "samples": v["samples"],
+                "share_pct": 100 * v["samples"] / total,
+                "executed": v["executed"],
+                "stalls": {r: x for r, x in top},
+            }
+        )
+    return {"columns": columns, "samples_column": samples, "functions": out}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sass_csv", type=Path)
+    parser.add_argument("listing", type=Path)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    listing = gzip.open(args.listing, "rt").read() if args.listing.suffix == ".gz" else args.listing.read_text()
+    result = summarize(read_source_csv(args.sass_csv), function_starts(listing))
+    print(f"{'function':<44}{'share %':>9}{'samples':>10}{'executed':>12}  leading stall reasons (samples)")
+    for f in result["functions"]:
+        if f["samples"] <= 0:
+            continue
+        stalls = ", ".join(f"{r.removeprefix('stall_')} {x:.0f}" for r, x in f["stalls"].items())
+        print(f"{f['function'][:43]:<44}{f['share_pct']:>9.1f}{f['samples']:>10.0f}{f['executed']:>12.0f}  {stalls}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

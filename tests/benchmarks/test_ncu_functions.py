@@ -1,0 +1,63 @@
+"""benchmarks/device/ncu_functions.py: Nsight Compute's per-instruction samples summed per megakernel function, on a
+hand-made listing and source-page export with known answers."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+from pathlib import Path
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "ncu_functions.py"
+_spec = importlib.util.spec_from_file_location("ncu_functions", _PATH)
+ncu_functions = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ncu_functions)
+
+NS = "_ZN46_GLOBAL__N__05369c2b_13_megakernel_cu_4834aedf"
+LISTING = f"""\t.section\t.text.{NS}10megakernelE25tilevox_megakernel_params,"ax",@progbits
+.text.{NS}10megakernelE25tilevox_megakernel_params:
+{NS}10megakernelE25tilevox_megakernel_params:
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   BRA `(.L_x_1) ;
+${NS}10megakernelE25tilevox_megakernel_params$_ZN44_INTERNAL_05369c2b_13_megakernel_cu_4834aedf{NS[4:]}15op_attn_partialENS0_3CtxEPKiPfS4_:
+        /*0020*/                   LDG.E R2, [R4.64] ;
+        /*0030*/                   RET.REL.NODEC R20 ;
+${NS}10megakernelE25tilevox_megakernel_params$_ZN44_INTERNAL_05369c2b_13_megakernel_cu_4834aedf{NS[4:]}20attn_partial_groupedILi16ELi2EEEvNS0_3CtxEPKiPfS5_ii:
+        /*0040*/                   FFMA R3, R2, R2, R3 ;
+$__internal_4_$__cuda_sm3x_div_rn_noftz_f32_slowpath:
+        /*0050*/                   MUFU.RCP R5, R4 ;
+"""
+
+CSV = """"Kernel Name","megakernel"
+"Address","Source","Instructions Executed","Warp Stall Sampling (All Samples)","stall_long_sb","stall_no_instruction"
+"0x0","MOV R1, c[0x0][0x28]","10","5","0","5"
+"0x10","BRA `(.L_x_1)","100","50","0","10"
+"0x20","LDG.E R2, [R4.64]","8","30","28","2"
+"0x30","RET.REL.NODEC R20","8","5","0","5"
+"0x40","FFMA R3, R2, R2, R3","64","8","1","7"
+"0x50","MUFU.RCP R5, R4","2","2","0","2"
+"""
+
+
+def test_function_starts_names_every_function() -> None:
+    starts = ncu_functions.function_starts(LISTING)
+    assert starts == [
+        (0x00, "megakernel"),
+        (0x20, "op_attn_partial"),
+        (0x40, "attn_partial_grouped<16,2>"),
+        (0x50, "__cuda_sm3x_div_rn_noftz_f32_slowpath"),
+    ]
+
+
+def test_samples_sum_per_function(tmp_path: Path) -> None:
+    path = tmp_path / "pred_sass.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(CSV)
+    result = ncu_functions.summarize(ncu_functions.read_source_csv(path), ncu_functions.function_starts(LISTING))
+    by_name = {f["function"]: f for f in result["functions"]}
+    assert by_name["megakernel"]["samples"] == 55 and by_name["megakernel"]["executed"] == 110
+    assert by_name["op_attn_partial"]["samples"] == 35
+    assert by_name["op_attn_partial"]["stalls"] == {"stall_long_sb": 28, "stall_no_instruction": 7}
+    assert by_name["attn_partial_grouped<16,2>"]["samples"] == 8
+    assert abs(sum(f["share_pct"] for f in result["functions"]) - 100) < 1e-9
+    assert [f["function"] for f in result["functions"]][:2] == ["megakernel", "op_attn_partial"]
