@@ -41,12 +41,8 @@
 # Carried (gitignored): .whl (Python 3.12 wheels the image lacks; list in executor_h200.sh).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-shim=/tmp/tilevox-src/tilevox  # tilevox importable without installing it (setup.py's package_dir, as symlinks)
-mkdir -p "$shim" /tmp/bench
-ln -sf "$PWD/tilevox/__init__.py" "$shim/__init__.py"
-for folder in trt_plugins models executor engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
-repo=$PWD
-export PYTHONPATH=/tmp/tilevox-src:/tmp/site:$repo PYTHONUNBUFFERED=1
+source benchmarks/device/shim.sh  # tilevox importable without installing it; sets repo and PYTHONPATH
+mkdir -p /tmp/bench
 # The carried kernel library, for every part (megakernel regions in synth/bench/pytest need it; without it they
 # stay on the conventional path with a warning). `--fused-swiglu auto` picks PyTorch for every tilevox shape on
 # the H200, so the library changes no conventional path.

@@ -11,12 +11,7 @@
 set -uo pipefail
 part=${1:-tests}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-shim=/tmp/tilevox-src/tilevox  # tilevox importable without installing it (setup.py's package_dir, as symlinks)
-mkdir -p "$shim"
-ln -sf "$PWD/tilevox/__init__.py" "$shim/__init__.py"
-for folder in trt_plugins models executor engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
-repo=$PWD
-export PYTHONPATH=/tmp/tilevox-src:/tmp/site:$repo PYTHONUNBUFFERED=1
+source benchmarks/device/shim.sh  # tilevox importable without installing it; sets repo and PYTHONPATH
 cd /tmp/tilevox-src  # not the repo root: its tilevox/ (the namespace's __init__ alone) would shadow the shim
 gpu_tests() {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"

@@ -4,12 +4,7 @@
 # adapter), Llasa on CUDA. Run through the device tool from the repo root, carrying
 # trt_plugins/build/libtilevox_kernels.so (gitignored; built here with `python -m tilevox.trt_plugins.build`).
 set -uo pipefail
-shim=/tmp/tilevox-src/tilevox  # tilevox importable without installing it (setup.py's package_dir, as symlinks)
-mkdir -p "$shim"
-ln -sf "$PWD/tilevox/__init__.py" "$shim/__init__.py"
-for folder in trt_plugins models executor engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
-repo=$PWD
-export PYTHONPATH=/tmp/tilevox-src:$repo PYTHONUNBUFFERED=1  # the shim first: the repo's tilevox/ holds only __init__.py
+source benchmarks/device/shim.sh  # tilevox importable without installing it; sets repo and PYTHONPATH
 export TILEVOX_KERNELS_LIB=$repo/trt_plugins/build/libtilevox_kernels.so
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 (cd /tmp/tilevox-src && python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" --rootdir "$repo" \

@@ -12,12 +12,7 @@
 # Carried: .whl, .kernels (the library under test, or TILEVOX_KERNELS_LIB).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-repo=$PWD
-shim=/tmp/tilevox-src/tilevox  # as in compile_h200.sh: tilevox importable without installing it
-mkdir -p "$shim"
-ln -sf "$repo/tilevox/__init__.py" "$shim/__init__.py"
-for folder in trt_plugins models executor engine_builder server; do ln -sfn "$repo/$folder" "$shim/$folder"; done
-export PYTHONPATH=/tmp/tilevox-src:/tmp/site:$repo PYTHONUNBUFFERED=1
+source benchmarks/device/shim.sh  # tilevox importable without installing it; sets repo and PYTHONPATH
 export TILEVOX_KERNELS_LIB=${TILEVOX_KERNELS_LIB:-$repo/.kernels/libtilevox_kernels.so}
 cd /tmp/tilevox-src
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u +%FT%TZ; echo "commit ${TILEVOX_COMMIT:-unknown}"; ncu --version | tail -1; } > "$OUT/ncu_gpu.txt"

@@ -26,13 +26,14 @@ _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/")
 
 
 def function_starts(listing: str) -> list[tuple[int, str]]:
-    """(start address, short name) of every function in an `nvdisasm -c` listing, sorted by address."""
+    """(start address, short name) of every function in an `nvdisasm -c` listing, sorted by address. Lines that
+    begin with a dot (sections, directives, the `.L_x_` branch labels) are no function's."""
     starts, pending = [], None
     for line in listing.splitlines():
-        if line.startswith(".") or line.lstrip().startswith("."):
+        if line.lstrip().startswith("."):
             continue
         label = _LABEL.match(line.strip())
-        if label and not label.group(1).startswith(".L"):
+        if label:
             pending = label.group(1)
             continue
         addr = _ADDR.search(line)
@@ -43,18 +44,19 @@ def function_starts(listing: str) -> list[tuple[int, str]]:
 
 
 def short_name(mangled: str) -> str:
-    """The function's own name out of an Itanium-mangled one in the megakernel's anonymous namespace."""
+    """The function's own name out of an Itanium-mangled one in the megakernel's anonymous namespace (its length-
+    prefixed name after the translation unit's `_cu_<hash>`, with integer template arguments), else the label."""
     tail = re.split(r"_cu_[0-9a-f]{8}", mangled)[-1]
-    name = re.match(r"\d+([A-Za-z_]\w*?)(?:E|I|$)", tail) if tail[:1].isdigit() else None
-    if name is None:
-        return mangled[:60]
-    length = int(re.match(r"\d+", tail).group(0))
-    text = tail[len(str(length)) : len(str(length)) + length]
-    template = re.match(r"I((?:Li n?\d+E)+)E".replace(" ", ""), tail[len(str(length)) + length :])
+    length = re.match(r"\d+", tail)
+    if length is None:
+        return mangled.lstrip("$")
+    start = length.end()
+    name, rest = tail[start : start + int(length.group(0))], tail[start + int(length.group(0)) :]
+    template = re.match(r"I((?:Lin?\d+E)+)E", rest)
     if template is None:
-        return text
+        return name
     values = [v.replace("n", "-") for v in re.findall(r"Li(n?\d+)E", template.group(1))]
-    return f"{text}<{','.join(values)}>"
+    return f"{name}<{','.join(values)}>"
 
 
 def read_source_csv(path: Path) -> list[dict[str, str]]:
@@ -65,28 +67,25 @@ def read_source_csv(path: Path) -> list[dict[str, str]]:
 
 
 def _number(value: str | None) -> float:
-    try:
-        return float((value or "0").replace(",", ""))
-    except ValueError:
-        return 0.0
+    """A metric cell: ncu leaves a cell empty where an instruction has no value; anything else must parse."""
+    return float(value.replace(",", "")) if value else 0.0
 
 
 def summarize(rows: list[dict[str, str]], starts: list[tuple[int, str]]) -> dict:
+    """Samples, executed instructions and stall reasons summed per function. ValueError when the export has no
+    PC-sampling column (a report collected without the SourceCounters section): its totals would all be zero."""
     columns = list(rows[0]) if rows else []
     samples = next((c for c in columns if "Sampling (All" in c), None)
+    if samples is None:
+        raise ValueError(f"no 'Warp Stall Sampling (All Samples)' column among {columns}")
     executed = next((c for c in columns if c.startswith("Instructions Executed")), None)
     reasons = [c for c in columns if c.startswith("stall_") or c.startswith("smsp__pcsamp")]
     addresses = [a for a, _ in starts]
     per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for row in rows:
-        try:
-            address = int(row["Address"], 16)
-        except (KeyError, ValueError):
-            continue
-        i = bisect.bisect_right(addresses, address) - 1
+        i = bisect.bisect_right(addresses, int(row["Address"], 16)) - 1
         name = starts[i][1] if i >= 0 else "?"
-        if samples:
-            per[name]["samples"] += _number(row[samples])
+        per[name]["samples"] += _number(row[samples])
         if executed:
             per[name]["executed"] += _number(row[executed])
         for reason in reasons:

@@ -10,14 +10,10 @@
 # Carried: .whl, .device-carry/ray (benchmarks/device/ray_carry.sh: Ray Serve 2.60.0 for Python 3.12).
 set -uo pipefail
 replicas=${1:?replica counts, e.g. 1,2} levels=${2:?stream levels, e.g. 1,32,64,128} model=${3:-random:qwen3-tts-0.6b}
-repo=$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 tar -xJf .device-carry/ray/site.tar.xz -C /tmp/site || exit 1
-shim=/tmp/tilevox-src/tilevox  # tilevox importable without installing it (setup.py's package_dir, as symlinks)
-mkdir -p "$shim" /tmp/bench
-ln -sf "$repo/tilevox/__init__.py" "$shim/__init__.py"
-for folder in trt_plugins models executor engine_builder server; do ln -sfn "$repo/$folder" "$shim/$folder"; done
-export PYTHONPATH=/tmp/tilevox-src:/tmp/site:$repo PYTHONUNBUFFERED=1
+source benchmarks/device/shim.sh  # tilevox importable without installing it; sets repo and PYTHONPATH
+mkdir -p /tmp/bench
 cd /tmp/tilevox-src
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u +%FT%TZ; echo "commit ${TILEVOX_COMMIT:-unknown}"
   env | grep -E "NVLS|MULTICAST" || true; } > "$OUT/gpu.txt"

@@ -6,17 +6,11 @@
 # Arguments go to benchmarks/swiglu/run_auto.py (e.g. --shapes / --tokens for a partial run); GIT_COMMIT names the
 # checkout (the device's copy of the tree has no .git).
 set -uo pipefail
-# tilevox importable without installing it: a folder of symlinks mirroring setup.py's package_dir mapping.
-shim=/tmp/tilevox-src/tilevox
-mkdir -p "$shim"
-ln -sf "$PWD/tilevox/__init__.py" "$shim/__init__.py"
-for folder in trt_plugins models executor engine_builder server; do ln -sfn "$PWD/$folder" "$shim/$folder"; done
-export PYTHONPATH=/tmp/tilevox-src PYTHONUNBUFFERED=1
+source benchmarks/device/shim.sh  # tilevox importable without installing it; sets repo and PYTHONPATH
 export TILEVOX_KERNELS_LIB=$PWD/trt_plugins/build/libtilevox_kernels.so
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
 # From the shim's folder: `python -m` puts the working directory first on sys.path, and the repo root's own
 # tilevox/ (only __init__.py) would hide the mapping.
-repo=$PWD
 (cd /tmp/tilevox-src && python3 -m pytest -q -m gpu -p no:cacheprovider -rs -c "$repo/pyproject.toml" --rootdir "$repo" \
   "$repo/tests/models/test_fused_swiglu.py" "$repo/tests/trt_plugins/test_swiglu_ops.py") > "$OUT/gpu_tests.log" 2>&1
 tail -3 "$OUT/gpu_tests.log"

@@ -7,6 +7,8 @@ import gzip
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "ncu_functions.py"
 _spec = importlib.util.spec_from_file_location("ncu_functions", _PATH)
 ncu_functions = importlib.util.module_from_spec(_spec)
@@ -61,3 +63,10 @@ def test_samples_sum_per_function(tmp_path: Path) -> None:
     assert by_name["attn_partial_grouped<16,2>"]["samples"] == 8
     assert abs(sum(f["share_pct"] for f in result["functions"]) - 100) < 1e-9
     assert [f["function"] for f in result["functions"]][:2] == ["megakernel", "op_attn_partial"]
+
+
+def test_an_export_without_samples_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "raw.csv"
+    path.write_text('"Address","Source","Instructions Executed"\n"0x0","MOV R1, c[0x0][0x28]","10"\n')
+    with pytest.raises(ValueError, match="Sampling"):
+        ncu_functions.summarize(ncu_functions.read_source_csv(path), ncu_functions.function_starts(LISTING))
