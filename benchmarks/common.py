@@ -62,7 +62,7 @@ def utc_now() -> str:
 
 
 def add_tiling_args(parser) -> None:
-    """--sm-balanced / --attn-rows / --reduce-single-partition / --split-qkv: TilingConfig overrides for the megakernel
+    """--sm-balanced / --attn-rows / --reduce-single-partition / --split-qkv / --opcode-affinity: TilingConfig overrides for the megakernel
     benchmarks (see apply_tiling_args)."""
     parser.add_argument(
         "--sm-balanced",
@@ -85,6 +85,12 @@ def add_tiling_args(parser) -> None:
         default=None,
         help="TilingConfig.split_qkv: balanced q/k/v projection tiles, norms and rope in the attention (default: TilingConfig's)",
     )
+    parser.add_argument(
+        "--opcode-affinity",
+        choices=["on", "off"],
+        default=None,
+        help="TilingConfig.opcode_affinity: each instruction on the SM that ran its opcode last (default: TilingConfig's)",
+    )
 
 
 def apply_tiling_args(tiling, args):
@@ -99,4 +105,6 @@ def apply_tiling_args(tiling, args):
         tiling = dataclasses.replace(tiling, reduce_single_partition=args.reduce_single_partition == "on")
     if args.split_qkv is not None:
         tiling = dataclasses.replace(tiling, split_qkv=args.split_qkv == "on")
+    if args.opcode_affinity is not None:
+        tiling = dataclasses.replace(tiling, opcode_affinity=args.opcode_affinity == "on")
     return tiling

@@ -23,6 +23,7 @@ from pathlib import Path
 
 _LABEL = re.compile(r"^(?:\$[^\s$]*\$)?(\$?[_A-Za-z][\w$.]*):\s*$")
 _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/")
+_OPCODE = re.compile(r"^\s*(?:\{\s*)?(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
 def function_starts(listing: str) -> list[tuple[int, str]]:
@@ -41,6 +42,18 @@ def function_starts(listing: str) -> list[tuple[int, str]]:
             starts.append((int(addr.group(1), 16), short_name(pending)))
             pending = None
     return sorted(starts)
+
+
+def listing_opcodes(listing: str) -> dict[int, str]:
+    """Each instruction's opcode (without its predicate) by its address in an `nvdisasm -c` listing."""
+    out = {}
+    for line in listing.splitlines():
+        addr = _ADDR.search(line)
+        if addr:
+            op = _OPCODE.match(line[addr.end() :])
+            if op:
+                out[int(addr.group(1), 16)] = op.group(1)
+    return out
 
 
 def short_name(mangled: str) -> str:
@@ -71,9 +84,13 @@ def _number(value: str | None) -> float:
     return float(value.replace(",", "")) if value else 0.0
 
 
-def summarize(rows: list[dict[str, str]], starts: list[tuple[int, str]]) -> dict:
-    """Samples, executed instructions and stall reasons summed per function. ValueError when the export has no
-    PC-sampling column (a report collected without the SourceCounters section): its totals would all be zero."""
+def summarize(rows: list[dict[str, str]], starts: list[tuple[int, str]], opcodes: dict[int, str] | None = None) -> dict:
+    """Samples, executed instructions and stall reasons summed per function. The export's addresses are where the
+    kernel was loaded, the listing's are offsets in the kernel's section: every row is placed at its address less
+    the export's lowest (the kernel's entry). With `opcodes` (listing_opcodes), the first instruction of every
+    function must have the same opcode in the export, or the listing is of another build. ValueError when the
+    export has no PC-sampling column (a report collected without the SourceCounters section): its totals would
+    all be zero; or when the opcodes disagree."""
     columns = list(rows[0]) if rows else []
     samples = next((c for c in columns if "Sampling (All" in c), None)
     if samples is None:
@@ -81,9 +98,17 @@ def summarize(rows: list[dict[str, str]], starts: list[tuple[int, str]]) -> dict
     executed = next((c for c in columns if c.startswith("Instructions Executed")), None)
     reasons = [c for c in columns if c.startswith("stall_") or c.startswith("smsp__pcsamp")]
     addresses = [a for a, _ in starts]
+    base = min((int(row["Address"], 16) for row in rows), default=0)
+    if opcodes is not None:
+        source = {int(row["Address"], 16) - base: row["Source"] for row in rows}
+        for start, name in starts:
+            listed, op = opcodes.get(start), _OPCODE.match(source.get(start, ""))
+            if listed is None or op is None or op.group(1) != listed:
+                found = op.group(1) if op else None
+                raise ValueError(f"{name} at +{start:#x}: the listing has {listed}, the export {found}")
     per: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for row in rows:
-        i = bisect.bisect_right(addresses, int(row["Address"], 16)) - 1
+        i = bisect.bisect_right(addresses, int(row["Address"], 16) - base) - 1
         name = starts[i][1] if i >= 0 else "?"
         per[name]["samples"] += _number(row[samples])
         if executed:
@@ -113,7 +138,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     listing = gzip.open(args.listing, "rt").read() if args.listing.suffix == ".gz" else args.listing.read_text()
-    result = summarize(read_source_csv(args.sass_csv), function_starts(listing))
+    result = summarize(read_source_csv(args.sass_csv), function_starts(listing), listing_opcodes(listing))
     print(f"{'function':<44}{'share %':>9}{'samples':>10}{'executed':>12}  leading stall reasons (samples)")
     for f in result["functions"]:
         if f["samples"] <= 0:

@@ -855,7 +855,8 @@ def compile_region(
             "cost_context": cost_context,
         },
     )
-    program = schedule_program(program, num_sms=num_sms, policy=policy, device=device)
+    affinity = tiling.opcode_affinity and policy is SchedulingPolicy.CRITICAL_PATH
+    program = schedule_program(program, num_sms=num_sms, policy=policy, device=device, affinity=affinity)
     return CompiledRegion(spec=spec, program=program, weights=b.weights, num_steps=num_steps, max_context=max_context)
 
 

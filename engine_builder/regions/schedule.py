@@ -3,6 +3,9 @@
 CRITICAL_PATH is list scheduling (HLFET): repeatedly take the ready instruction with the longest
 cost-weighted path to the end of the region and put it on the SM where it can start earliest.
 ROUND_ROBIN deals instructions in program order to SMs 0, 1, 2, ... (a baseline for comparison).
+With affinity, CRITICAL_PATH puts an instruction on the SM that ran its opcode most recently among those free by
+the time it could start anyway (so no start moves in the model): an opcode body stays in fewer SMs' instruction
+caches. Same instructions, same waits, same outputs; only the SM of an instruction changes.
 `simulate` replays any queue set in order with counter waits and returns per-instruction start and
 finish times; the region's predicted time is the last finish. Both orders are deadlock-free: every
 queue is a subsequence of one topological order.
@@ -130,7 +133,13 @@ def simulate(program: Program, device: DeviceCosts) -> Schedule:
     )
 
 
-def _critical_path_queues(program: Program, num_sms: int, device: DeviceCosts) -> list[list[int]]:
+# How many of an opcode's most recent SMs affinity looks at before taking the earliest-free SM.
+_AFFINITY_SCAN = 32
+
+
+def _critical_path_queues(
+    program: Program, num_sms: int, device: DeviceCosts, affinity: bool = False
+) -> list[list[int]]:
     signalers, waiters = _counter_tables(program)
     n = len(program.instructions)
     insts = program.instructions
@@ -151,14 +160,27 @@ def _critical_path_queues(program: Program, num_sms: int, device: DeviceCosts) -
     counter_done = {c: 0.0 for c in signalers}
     heap = [(-priority[idx], idx) for idx in range(n) if not missing[idx]]
     heapq.heapify(heap)
-    sm_free = [(0.0, sm) for sm in range(num_sms)]  # heap of (free time, sm)
+    sm_free = [(0.0, sm) for sm in range(num_sms)]  # heap of (free time, sm); stale entries skipped
+    free = [0.0] * num_sms
+    recent: dict[int, list[int]] = {}  # opcode -> SMs that ran it, most recent first
     queues: list[list[int]] = [[] for _ in range(num_sms)]
     while heap:
         _, idx = heapq.heappop(heap)
         # The earliest-free SM also gives the earliest start, since start = max(free, data ready).
-        free_at, sm = heapq.heappop(sm_free)
-        finish = max(free_at, data_ready[idx]) + cost[idx]
+        while sm_free[0][0] != free[sm_free[0][1]]:
+            heapq.heappop(sm_free)
+        free_at, sm = sm_free[0]
+        start = max(free_at, data_ready[idx])
+        if affinity:
+            # Any SM free by `start` starts the instruction at `start` too: the one that ran its opcode last.
+            ran = recent.setdefault(insts[idx].opcode, [])
+            sm = next((s for s in ran[:_AFFINITY_SCAN] if free[s] <= start), sm)
+            if sm in ran:
+                ran.remove(sm)
+            ran.insert(0, sm)
+        finish = start + cost[idx]
         queues[sm].append(idx)
+        free[sm] = finish
         heapq.heappush(sm_free, (finish, sm))
         counter = insts[idx].signal
         if counter == NO_ID:
@@ -177,19 +199,26 @@ def _critical_path_queues(program: Program, num_sms: int, device: DeviceCosts) -
     return queues
 
 
-def schedule_program(program: Program, *, num_sms: int, policy: SchedulingPolicy, device: DeviceCosts) -> Program:
-    """`program` with queues for `num_sms` SMs; metadata gains policy, num_sms and predicted_time_s."""
+def schedule_program(
+    program: Program, *, num_sms: int, policy: SchedulingPolicy, device: DeviceCosts, affinity: bool = False
+) -> Program:
+    """`program` with queues for `num_sms` SMs; metadata gains policy, num_sms, predicted_time_s and, when set,
+    affinity (CRITICAL_PATH only: see the module's docstring)."""
     if num_sms < 1:
         raise ValueError(f"num_sms must be >= 1, got {num_sms}")
+    if affinity and policy is not SchedulingPolicy.CRITICAL_PATH:
+        raise ValueError(f"opcode affinity is a CRITICAL_PATH option, not {policy.value}'s")
     if policy is SchedulingPolicy.CRITICAL_PATH:
-        queues = _critical_path_queues(program, num_sms, device)
+        queues = _critical_path_queues(program, num_sms, device, affinity)
     else:
         queues = [list(range(sm, len(program.instructions), num_sms)) for sm in range(num_sms)]
+    extra = {"affinity": True} if affinity else {}
     scheduled = program.with_queues(
         tuple(tuple(q) for q in queues),
         policy=policy.value,
         num_sms=num_sms,
         device=device.name,
+        **extra,
     )
     makespan = simulate(scheduled, device).makespan_s
     return scheduled.with_queues(scheduled.queues, predicted_time_s=makespan)

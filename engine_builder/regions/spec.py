@@ -128,6 +128,12 @@ class TilingConfig:
     per layer; the projection stage's tiles stream ceil(rows / SMs) rows each rather than head_dim rows on a
     fraction of the SMs (Qwen3-TTS: 32 tiles of 128 rows for 132 SMs). Off by default until it has run on a GPU.
 
+    opcode_affinity: the list scheduler puts each instruction on the SM that ran its opcode most recently among
+    those free by the time it could start on any (engine_builder.regions.schedule): the same predicted start
+    times, fewer SMs fetching each opcode's body. H100, 2026-12-07: a 16-key ATTN_PARTIAL of the Qwen3-TTS
+    predictor takes 22.3 us on an SM that last ran something else and 13.4 us run again at once
+    (TILEVOX_MK_REPEAT_ATTN), so about 40 % of it is cold start. Off by default until it has been timed.
+
     Partitions of at least 64 keys (256 until 2026-12-06): on an H100, Llama-1B step at context 512, 64-key
     partitions took 2.88 / 3.35 / 6.67 ms at batch 1 / 8 / 32 against 2.81 / 3.95 / 8.98 ms with 256
     (same run, benchmarks/results/megakernel_variants_h100_4266d9f_pt{64,256}.json); the benchmarks and the correctness
@@ -145,6 +151,7 @@ class TilingConfig:
     attn_rows: int | None = None
     reduce_single_partition: bool = True
     split_qkv: bool = False
+    opcode_affinity: bool = False
 
     def __post_init__(self) -> None:
         for name in (

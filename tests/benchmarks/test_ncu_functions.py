@@ -30,14 +30,15 @@ $__internal_4_$__cuda_sm3x_div_rn_noftz_f32_slowpath:
         /*0050*/                   MUFU.RCP R5, R4 ;
 """
 
+# Addresses as Nsight Compute exports them: where the kernel was loaded, not the listing's section offsets.
 CSV = """"Kernel Name","megakernel"
 "Address","Source","Instructions Executed","Warp Stall Sampling (All Samples)","stall_long_sb","stall_no_instruction"
-"0x0","MOV R1, c[0x0][0x28]","10","5","0","5"
-"0x10","BRA `(.L_x_1)","100","50","0","10"
-"0x20","LDG.E R2, [R4.64]","8","30","28","2"
-"0x30","RET.REL.NODEC R20","8","5","0","5"
-"0x40","FFMA R3, R2, R2, R3","64","8","1","7"
-"0x50","MUFU.RCP R5, R4","2","2","0","2"
+"0x7f67cb400000","      MOV R1, c[0x0][0x28]","10","5","0","5"
+"0x7f67cb400010","      BRA `(.L_x_1)","100","50","0","10"
+"0x7f67cb400020","      LDG.E R2, [R4.64]","8","30","28","2"
+"0x7f67cb400030","      RET.REL.NODEC R20","8","5","0","5"
+"0x7f67cb400040","      FFMA R3, R2, R2, R3","64","8","1","7"
+"0x7f67cb400050","      MUFU.RCP R5, R4","2","2","0","2"
 """
 
 
@@ -55,7 +56,11 @@ def test_samples_sum_per_function(tmp_path: Path) -> None:
     path = tmp_path / "pred_sass.csv.gz"
     with gzip.open(path, "wt") as f:
         f.write(CSV)
-    result = ncu_functions.summarize(ncu_functions.read_source_csv(path), ncu_functions.function_starts(LISTING))
+    result = ncu_functions.summarize(
+        ncu_functions.read_source_csv(path),
+        ncu_functions.function_starts(LISTING),
+        ncu_functions.listing_opcodes(LISTING),
+    )
     by_name = {f["function"]: f for f in result["functions"]}
     assert by_name["megakernel"]["samples"] == 55 and by_name["megakernel"]["executed"] == 110
     assert by_name["op_attn_partial"]["samples"] == 35
@@ -70,3 +75,23 @@ def test_an_export_without_samples_is_refused(tmp_path: Path) -> None:
     path.write_text('"Address","Source","Instructions Executed"\n"0x0","MOV R1, c[0x0][0x28]","10"\n')
     with pytest.raises(ValueError, match="Sampling"):
         ncu_functions.summarize(ncu_functions.read_source_csv(path), ncu_functions.function_starts(LISTING))
+
+
+def test_a_listing_of_another_build_is_refused(tmp_path: Path) -> None:
+    """Every function's first opcode is compared: one instruction more before op_attn_partial moves every row."""
+    path = tmp_path / "pred_sass.csv"
+    path.write_text(CSV)
+    shifted = LISTING.replace(
+        "/*0020*/                   LDG.E", "/*0020*/                   NOP ;\n        /*0030*/  LDG.E"
+    )
+    with pytest.raises(ValueError, match="op_attn_partial at \\+0x20: the listing has NOP, the export LDG.E"):
+        ncu_functions.summarize(
+            ncu_functions.read_source_csv(path),
+            ncu_functions.function_starts(shifted),
+            ncu_functions.listing_opcodes(shifted),
+        )
+
+
+def test_opcodes_without_predicates() -> None:
+    ops = ncu_functions.listing_opcodes("        /*0010*/                   @!P0  BRA 0x7f67cb4fd4d0 ;\n")
+    assert ops == {0x10: "BRA"}

@@ -25,6 +25,7 @@ from tilevox.engine_builder.regions import (
     tile_graph_dict,
 )
 from tilevox.engine_builder.regions.cost import instruction_time_s
+from tilevox.engine_builder.regions.schedule import schedule_program
 from tilevox.executor.megakernel_inputs import llama_decode_inputs, sampling_inputs
 from tilevox.models.llama.config import LlamaConfig
 from tilevox.models.llama.weights import random_llama
@@ -643,3 +644,42 @@ def test_split_qkv_attention_needs_the_append_chain(tiny_llama):
         check_program(program.with_instructions(without(appends)))
     with pytest.raises(ProgramError, match=r"race: #\d+ ATTN_PARTIAL reads s0\.l0\.q_raw"):
         check_program(program.with_instructions(without(linears)))
+
+
+def test_opcode_affinity_moves_no_start_and_keeps_outputs(tiny_llama):
+    """TilingConfig.opcode_affinity: the same instructions on fewer SMs per opcode, every predicted start where it
+    was (an instruction only moves to an SM free by its start), and the VM's outputs bit for bit the same."""
+    slots, lengths, num_sms = [4, 0, 7], [9, 1, 30], 40
+    spec = RegionSpec.full_step(3)
+    plain = _compile(tiny_llama, spec, len(slots), num_sms=num_sms)
+    region = _compile(
+        tiny_llama, spec, len(slots), num_sms=num_sms, tiling=dataclasses.replace(TILING, opcode_affinity=True)
+    )
+    assert region.program.instructions == plain.program.instructions
+    assert region.program.metadata["affinity"] is True and "affinity" not in plain.program.metadata
+
+    def sms_of(program):
+        out: dict[Opcode, set[int]] = {}
+        for sm, queue in enumerate(program.queues):
+            for idx in queue:
+                out.setdefault(program.instructions[idx].opcode, set()).add(sm)
+        return out
+
+    before, after = sms_of(plain.program), sms_of(region.program)
+    assert all(len(after[op]) <= len(before[op]) for op in before)
+    assert sum(map(len, after.values())) < sum(map(len, before.values()))
+    assert region.program.queues != plain.program.queues
+    assert simulate(region.program, H200).start_s == simulate(plain.program, H200).start_s
+    from tilevox.trt_plugins.megakernel.validate import check_program
+
+    check_program(region.program)
+    outs = []
+    for program in (plain.program, region.program):
+        cache = _prefilled_cache(tiny_llama, slots, lengths, seed=5)
+        tokens = torch.tensor([3, 1000, 17])
+        out = run_program(program, {**llama_decode_inputs(region, cache, slots, tokens), **_greedy(3)})
+        outs.append((out["s2.logits"], cache.k.clone(), cache.v.clone()))
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="CRITICAL_PATH option"):
+        schedule_program(plain.program, num_sms=4, policy=SchedulingPolicy.ROUND_ROBIN, device=H200, affinity=True)

@@ -82,18 +82,6 @@ constexpr int kPrefetchDistance = 2;  // instructions ahead whose weights are pr
 #ifndef TILEVOX_MK_WEIGHT_L1
 #define TILEVOX_MK_WEIGHT_L1 1
 #endif
-// TILEVOX_MK_TYPED_ROPE: 1 = the per-head norm and rope (RMSNORM_QKV_ROPE_APPEND's tail, KV_APPEND, split QKV's
-// ATTN_PARTIAL operands) without a dtype switch per element for bf16 buffers (ld_act_t), every raw load of an
-// item issued before its stores, and in place with one sincos per pair of dims (head_rope.cuh's
-// norm_rope_in_place); 0 = as before (a generic load, dtype switch and store per element, out of place). Same
-// arithmetic. Measured in halves (H100, 2026-12-07, the Qwen3-TTS predictor loop and the Llama-1B step,
-// benchmarks/results/megakernel_variants_h100_bbe66c2_typed_compact_*.json; outputs bit for bit equal): typed
-// loads-first 8.98 -> 7.18 ms at batch 1 with split QKV (KV_APPEND 11.9 -> 5.0 us); in place 6.70 -> 6.24 ms
-// (predictor) and 2.62 -> 2.43 ms (Llama) at batch 1, equal at 32. The two together (this switch) compile but have
-// not run on a GPU yet (the session's device time ran out), so 0.
-#ifndef TILEVOX_MK_TYPED_ROPE
-#define TILEVOX_MK_TYPED_ROPE 0
-#endif
 // TILEVOX_MK_REPEAT_ATTN: a diagnostic, never for serving: 1 = every ATTN_PARTIAL runs twice in a row on its SM (the
 // second run idempotent: same inputs, same outputs), so that the profile's execution time of the pair, against
 // one run's, says how much of one run is cold-start cost (instruction fetch into a cold SM; its data come from L2
@@ -248,7 +236,7 @@ __device__ __forceinline__ void st(const Buf& b, int64_t i, float v) {
 
 // Dtype-typed forms of ld_act / ld_w / st for fast paths that check their buffers' dtypes once: DT >= 0 is that
 // dtype, known at compile time (no switch per element); DT < 0 falls back to the buffer's own dtype. A switch per
-// element is a chain of branches around every load and store (see TILEVOX_MK_TYPED_ROPE for what removing it
+// element is a chain of branches around every load and store (see head_rope.cuh for what removing it
 // measured).
 template <int DT>
 __device__ __forceinline__ float ld_act_t(const Buf& b, int64_t i) {

@@ -3,49 +3,22 @@
 // Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
 #pragma once
 
-// One warp. h: the head's D raw values (already rounded to dt) in shared memory, visible to the whole warp; with
-// has_norm they are replaced by rmsnorm(h) * norm_w[row] (norm_w rows 0 = q, 1 = k). out[j] receives dim
-// d = lane + 32 j of the roped head at position pos, rounded to dt. Ends with __syncwarp; h may be reused after.
-__device__ __forceinline__ void norm_rope_head(float* h, const Buf& norm_w, bool has_norm, int row, const Buf& inv_freq,
-                                               int64_t pos, int D, int dt, float eps,
-                                               float (&out)[TILEVOX_MK_MAX_HEAD_DIM / 32]) {
-  const int lane = threadIdx.x & 31;
-  if (has_norm) {
-    float ss = 0.f;
-    for (int d = lane; d < D; d += 32) ss += h[d] * h[d];
-    ss = warp_sum(ss);
-    const float scale = 1.0f / sqrtf(ss / (float)D + eps);
-    const int prod_dt = norm_w.dt == dt ? dt : F32;
-    float tmp[TILEVOX_MK_MAX_HEAD_DIM / 32];
-    for (int j = 0, d = lane; d < D; d += 32, ++j)
-      tmp[j] = rnd(ld_w(norm_w, (int64_t)row * D + d) * rnd(h[d] * scale, dt), prod_dt);
-    __syncwarp();
-    for (int j = 0, d = lane; d < D; d += 32, ++j) h[d] = tmp[j];
-    __syncwarp();
-  }
-  const int half = D / 2;
-  for (int j = 0, d = lane; d < D; d += 32, ++j) {
-    const float f = (float)pos * ld_w(inv_freq, d % half);
-    const float cs = rnd(cosf(f), dt), sn = rnd(sinf(f), dt);
-    const float rot = d < half ? -h[d + half] : h[d - half];
-    out[j] = rnd(rnd(h[d] * cs, dt) + rnd(rot * sn, dt), dt);
-  }
-  __syncwarp();
-}
-
-#if TILEVOX_MK_TYPED_ROPE  // see common.cuh
 constexpr int kHeadPer = TILEVOX_MK_MAX_HEAD_DIM / 32;  // a lane's dims of one head: d = lane + 32 j
 
 // Rope's cosine and sine of one angle, out of line: precise sinf / cosf each inline a large argument-reduction slow
 // path at every call site.
 __device__ __noinline__ void rope_cos_sin(float f, float* cs, float* sn) { sincosf(f, sn, cs); }
 
-// TILEVOX_MK_TYPED_ROPE (see common.cuh): norm_rope_head in place. One warp. h: the head's D raw values (already
-// rounded to dt) in shared memory, visible to the whole warp; with has_norm they become rmsnorm(h) * norm_w[row]
-// (rows 0 = q, 1 = k), then h[d] the roped head at position pos, rounded to dt. Dims d and d + D/2 share one rope
+// One warp. h: the head's D raw values (already rounded to dt) in shared memory, visible to the whole warp; with
+// has_norm they become rmsnorm(h) * norm_w[row] (rows 0 = q, 1 = k), then h[d] the roped head at position pos, rounded to dt. Dims d and d + D/2 share one rope
 // angle and each other's values, so the lane that owns d < D/2 rotates the pair: no exchange between lanes after
-// the norm, one sincos per pair, plain loops (H100, 2026-12-07, in this form with generic loads: the Qwen3-TTS
-// QKV tile 15.3 against 17.4 us). T >= 0: dt is T, known at compile time (ld_act_t). Ends with __syncwarp.
+// the norm, one sincos per pair, plain loops. T >= 0: dt is T, known at compile time (ld_act_t). Ends with
+// __syncwarp. Measured against the out-of-place form with a dtype switch per element that it replaced (H100,
+// outputs bit for bit equal): the Qwen3-TTS QKV tile 15.3 against 17.4 us (generic loads, 2026-12-07 morning);
+// with KV_APPEND's and split QKV's typed loads-first, 2026-12-07 14:40 UTC
+// (benchmarks/results/megakernel_variants_h100_b49c9b2_typedrope_*.json): the predictor loop 6.84 -> 6.49 ms at
+// batch 1, 14.35 -> 14.04 at 32, 9.11 -> 6.99 ms at batch 1 with split QKV; the Llama-1B step 2.60 -> 2.47 ms at
+// batch 1, 5.48 / 5.49 at 32.
 template <int T = -1>
 __device__ __forceinline__ void norm_rope_in_place(float* h, const Buf& norm_w, bool has_norm, int row,
                                                    const Buf& inv_freq, int64_t pos, int D, int dt, float eps) {
@@ -79,4 +52,3 @@ __device__ __forceinline__ void norm_rope_in_place(float* h, const Buf& norm_w, 
   }
   __syncwarp();
 }
-#endif

@@ -46,7 +46,7 @@ __device__ __forceinline__ bool attn_grouped_eligible(const Buf& kc, const Buf& 
 }
 
 // Split QKV (ATTN_PARTIAL with k_new): the operands a warp computes itself instead of reading them from q_buf and
-// the cache. Queries of `heads` heads from raw q (B, H x D) at head `head0`, each through norm_rope_head (qk_norm_w
+// the cache. Queries of `heads` heads from raw q (B, H x D) at head `head0`, each through norm_rope_in_place (qk_norm_w
 // row 0), into q (heads x D floats, shared memory); with kn / vn, the newest key (row 1) and value of kv group
 // `group` rounded to the caches' dtypes.
 struct Fresh {
@@ -66,7 +66,6 @@ __device__ __forceinline__ Fresh fresh_of(const Ctx& c, const int* inst) {
   return f;
 }
 
-#if TILEVOX_MK_TYPED_ROPE
 // The split-QKV operands of one (row, kv group) item, into the warp's staging area: the queries of `heads` heads
 // from raw q (B, H x D) at head `head0`, each through norm_rope_in_place (qk_norm_w row 0), into q (heads x D
 // floats); with kn (not null), the newest key (row 1) and value of kv group `group` rounded to the caches' dtypes
@@ -139,37 +138,6 @@ __device__ __forceinline__ void fresh_operands(const Ctx& c, const Fresh& f, con
     fresh_operands_t<-1>(c, f, qb, kc, vc, b, group, head0, heads, pos, q, kn, vn);
 }
 
-#else
-__device__ __noinline__ void fresh_queries(const Ctx& c, const Fresh& f, const Buf& qb, int b, int head0, int heads,
-                                              int64_t pos, float* q) {
-  const int lane = threadIdx.x & 31, D = c.prm.head_dim, H = c.prm.num_heads;
-  for (int h = 0; h < heads; ++h) {
-    float* qh = q + h * D;
-    for (int d = lane; d < D; d += 32) qh[d] = ld_act(qb, ((int64_t)b * H + head0 + h) * D + d);
-    __syncwarp();
-    float outv[TILEVOX_MK_MAX_HEAD_DIM / 32];
-    norm_rope_head(qh, f.qkn, f.has_qkn, 0, f.inv_freq, pos, D, qb.dt, c.prm.rms_norm_eps, outv);
-    for (int j = 0, d = lane; d < D; d += 32, ++j) qh[d] = outv[j];
-    __syncwarp();
-  }
-}
-
-__device__ __noinline__ void fresh_key_value(const Ctx& c, const Fresh& f, const Buf& kc, const Buf& vc, int b,
-                                                int group, int64_t pos, float* kn, float* vn) {
-  const int lane = threadIdx.x & 31, D = c.prm.head_dim;
-  const int64_t src = (int64_t)b * f.k_new.dims[1] + (int64_t)group * D;
-  for (int d = lane; d < D; d += 32) {
-    kn[d] = ld_act(f.k_new, src + d);
-    vn[d] = rnd(ld_act(f.v_new, src + d), vc.dt);
-  }
-  __syncwarp();
-  float outv[TILEVOX_MK_MAX_HEAD_DIM / 32];
-  norm_rope_head(kn, f.qkn, f.has_qkn, 1, f.inv_freq, pos, D, f.k_new.dt, c.prm.rms_norm_eps, outv);
-  for (int j = 0, d = lane; d < D; d += 32, ++j) kn[d] = rnd(outv[j], kc.dt);
-  __syncwarp();
-}
-
-#endif
 
 // One more key in a warp's online softmax (m, l warp-uniform): returns its weight e relative to the new maximum
 // and the factor corr that rescales what was accumulated before; m and l are updated.
@@ -338,9 +306,21 @@ __device__ __forceinline__ void grouped_new_key(GroupedState<GM>& st, const floa
   }
 }
 
+// Build-time switch: TILEVOX_MK_ATTN_EARLY 1 = the grouped path reads its views, the launch constants and its first
+// item's position and cache slot (launch inputs, never written by an instruction) before the dependency wait, so
+// that their dependent loads overlap the wait instead of following it; 0 (default) = the wait first (its caller
+// waits). Same arithmetic, same outputs. Profiled (H100, 2026-12-07): a 16-key ATTN_PARTIAL of the Qwen3-TTS
+// predictor is 22 us, about 9 of them cold start (TILEVOX_MK_REPEAT_ATTN) and the rest one warp's serial chain whose
+// prologue alone is several dependent round trips.
+#ifndef TILEVOX_MK_ATTN_EARLY
+#define TILEVOX_MK_ATTN_EARLY 0
+#endif
+
+// wait: the dependency wait is this function's (after the prologue), else the caller's (already done). False when
+// the block must stop.
 template <int VMAX, int GM>
-__device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, float* q_smem, float* split_smem,
-                                                  int r0, int r1) {
+__device__ __noinline__ bool attn_partial_grouped(const Ctx c, const int* inst, float* q_smem, float* split_smem,
+                                                  int r0, int r1, bool wait) {
   const int* in = ins_of(inst);
   const Buf qb = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF]), kc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE]), vc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE]), positions = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS]),
             slots = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS]);
@@ -361,14 +341,18 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
   // Split: warps share an item's rounds (block-uniform: items and rounds are the instruction's).
   const bool eligible = TILEVOX_MK_ATTN_SPLIT && items < kWarps && rounds > 1;
   const int item0 = eligible ? 0 : warp, item_step = eligible ? 1 : kWarps;
+  // The first item's row position and slot (launch inputs), read before the wait when it is this function's.
+  const int b0 = r0 + item0 / (t_stop - t_start);
+  const int64_t pos0 = item0 < items ? ld_int(positions, b0) : 0, slot0 = item0 < items ? ld_int(slots, b0) : 0;
+  if (wait && !wait_deps(c, inst)) return false;
   for (int item = item0; item < items; item += item_step) {
     const int b = r0 + item / (t_stop - t_start), part = t_start + item % (t_stop - t_start);
     const int64_t first = (int64_t)part * PT;
-    const int64_t length = ld_int(positions, b) + step + 1;
+    const int64_t length = (b == b0 ? pos0 : ld_int(positions, b)) + step + 1;
     // Keys [length - span.count, length), from cache position span.phys; partitions count keys from there.
     const KeySpan span = key_span(c.prm.window, length);
     const int64_t base_bp = ((int64_t)b * KVH + group) * P + part;  // (b, group, part): * G + head
-    const int64_t slot = ld_int(slots, b);
+    const int64_t slot = b == b0 ? slot0 : ld_int(slots, b);
     if (span.count > (int64_t)P * PT || span.phys + span.count > c_len) {
       if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)length, (int)min((int64_t)P * PT, c_len));
       continue;
@@ -397,14 +381,9 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
     }
     __syncwarp();
     if (fr.on) {
-#if TILEVOX_MK_TYPED_ROPE
       const bool with_new = has_new && (!split || warp == 0);
       fresh_operands(c, fr, qb, kc, vc, b, group, group * G, G, length - 1, q, with_new ? q + G * D : nullptr,
                      q + (G + 1) * D);
-#else
-      fresh_queries(c, fr, qb, b, group * G, G, length - 1, q);
-      if (has_new && (!split || warp == 0)) fresh_key_value(c, fr, kc, vc, b, group, length - 1, q + G * D, q + (G + 1) * D);
-#endif
     } else if (qb.dt == BF16 && (G * D) % 8 == 0) {  // 16-byte loads, all in flight at once
       const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(qb.p) +
                                                         ((int64_t)b * H + group * G) * D);
@@ -473,6 +452,7 @@ __device__ __noinline__ void attn_partial_grouped(const Ctx c, const int* inst, 
     }
     __syncthreads();
   }
+  return true;
 }
 
 TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, float* split_smem) {
@@ -498,28 +478,29 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
   const bool vec_v = vc.dt == BF16 && D % 8 == 0 && 32 % (D / 8) == 0;
   const int cpr = vec_v ? D / 8 : 1, kpl = 32 / cpr, kk0 = lane / cpr, cc = lane % cpr;
   const Fresh fr = fresh_of(c, inst);
-  if (!wait_deps(c, inst)) return false;
-  if (attn_grouped_eligible(kc, vc, G, D, fr.on)) {
+  const bool grouped = attn_grouped_eligible(kc, vc, G, D, fr.on);
+  const bool early = TILEVOX_MK_ATTN_EARLY && grouped;  // the grouped path waits after its prologue
+  if (!early && !wait_deps(c, inst)) return false;
+  if (grouped) {
     // Register arrays sized for the head dim (value pieces) and the group (accumulators), so that the common
     // shapes do not spill: Llama-1B (D 64, G 4), Qwen3-TTS (D 128, G 2).
     if (D <= 64) {
       if (G <= 2)
-        attn_partial_grouped<8, 2>(c, inst, q_smem, split_smem, r0, r1);
+        return attn_partial_grouped<8, 2>(c, inst, q_smem, split_smem, r0, r1, early);
       else if (G <= 4)
-        attn_partial_grouped<8, 4>(c, inst, q_smem, split_smem, r0, r1);
+        return attn_partial_grouped<8, 4>(c, inst, q_smem, split_smem, r0, r1, early);
       else
-        attn_partial_grouped<8, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1);
+        return attn_partial_grouped<8, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1, early);
     } else if (D <= 128) {
       if (G <= 2)
-        attn_partial_grouped<16, 2>(c, inst, q_smem, split_smem, r0, r1);
+        return attn_partial_grouped<16, 2>(c, inst, q_smem, split_smem, r0, r1, early);
       else if (G <= 4)
-        attn_partial_grouped<16, 4>(c, inst, q_smem, split_smem, r0, r1);
+        return attn_partial_grouped<16, 4>(c, inst, q_smem, split_smem, r0, r1, early);
       else
-        attn_partial_grouped<16, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1);
+        return attn_partial_grouped<16, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1, early);
     } else {
-      attn_partial_grouped<32, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1);
+      return attn_partial_grouped<32, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1, early);
     }
-    return true;
   }
   for (int part = inst[TILEVOX_MK_FIELD_TILE_START]; part < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++part) {
     const int64_t first = (int64_t)part * PT;
@@ -548,12 +529,7 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
       const int head = group * G + i;
       __syncwarp();
       if (fr.on) {
-#if TILEVOX_MK_TYPED_ROPE
         fresh_operands(c, fr, qb, kc, vc, b, group, head, 1, length - 1, q, has_new ? kn : nullptr, vn);
-#else
-        fresh_queries(c, fr, qb, b, head, 1, length - 1, q);
-        if (has_new) fresh_key_value(c, fr, kc, vc, b, group, length - 1, kn, vn);
-#endif
       } else {
         for (int d = lane; d < D; d += 32) q[d] = ld_act(qb, ((int64_t)b * H + head) * D + d);
         __syncwarp();

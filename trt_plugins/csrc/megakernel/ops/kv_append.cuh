@@ -2,7 +2,7 @@
 // Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
 #pragma once
 
-// One warp per (kv group, batch row): the raw key through norm_rope_head (qk_norm_w row 1), the raw value as it is.
+// One warp per (kv group, batch row): the raw key through norm_rope_in_place (qk_norm_w row 1), the raw value as it is.
 TILEVOX_MK_OP bool op_kv_append(const Ctx c, const int* inst, float* hb) {
   const int* in = ins_of(inst);
   const Buf kr = get_buf(c, in[TILEVOX_MK_KV_APPEND_IN_K_RAW]), vr = get_buf(c, in[TILEVOX_MK_KV_APPEND_IN_V_RAW]),
@@ -17,7 +17,6 @@ TILEVOX_MK_OP bool op_kv_append(const Ctx c, const int* inst, float* hb) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int r0, r1;
   if (!row_range(c, inst, TILEVOX_MK_KV_APPEND_ARG_ROW_START, B, r0, r1)) return false;
-#if TILEVOX_MK_TYPED_ROPE
   if (!wait_deps(c, inst)) return false;
   float* h = hb + warp * TILEVOX_MK_MAX_HEAD_DIM;
   const int g0 = inst[TILEVOX_MK_FIELD_TILE_START], groups = inst[TILEVOX_MK_FIELD_TILE_STOP] - g0;
@@ -67,34 +66,5 @@ TILEVOX_MK_OP bool op_kv_append(const Ctx c, const int* inst, float* hb) {
     items(Typed<BF16>{});
   else
     items(Typed<-1>{});
-#else
-  if (!wait_deps(c, inst)) return false;
-  float* h = hb + warp * TILEVOX_MK_MAX_HEAD_DIM;
-  const int g0 = inst[TILEVOX_MK_FIELD_TILE_START], groups = inst[TILEVOX_MK_FIELD_TILE_STOP] - g0;
-  for (int item = warp; item < groups * (r1 - r0); item += kWarps) {
-    const int g = g0 + item / (r1 - r0), b = r0 + item % (r1 - r0);
-    const int64_t pos = ld_int(positions, b) + step, slot = ld_int(slots, b);
-    const int64_t at = cache_pos(c.prm.window, pos), copy = ring_copy(c.prm.window);  // a window's ring: twice
-    if (slot < 0 || slot >= c_slots || pos < 0 || at + copy >= c_len || g >= c_heads || (int64_t)(g + 1) * D > width) {
-      if (lane == 0) raise_error(c, TILEVOX_MK_ERROR_OUT_OF_RANGE, inst[0], -1, (int)pos, (int)c_len);
-      continue;
-    }
-    const int64_t src = (int64_t)b * width + (int64_t)g * D;
-    const int64_t base = ((((int64_t)layer * c_slots + slot) * c_heads + g) * c_len + at) * D;
-    for (int d = lane; d < D; d += 32) {
-      const float v = ld_act(vr, src + d);
-      st(vc, base + d, v);
-      if (copy) st(vc, base + copy * D + d, v);
-      h[d] = ld_act(kr, src + d);
-    }
-    __syncwarp();
-    float outv[TILEVOX_MK_MAX_HEAD_DIM / 32];
-    norm_rope_head(h, qkn, has_qkn, 1, inv_freq, pos, D, kr.dt, c.prm.rms_norm_eps, outv);
-    for (int j = 0, d = lane; d < D; d += 32, ++j) {
-      st(kc, base + d, outv[j]);
-      if (copy) st(kc, base + copy * D + d, outv[j]);
-    }
-  }
-#endif
   return true;
 }

@@ -47,17 +47,12 @@ TILEVOX_MK_OP bool op_qkv(const Ctx c, const int* inst, float* xs, float* hb) {
         const int64_t pos = ld_int(positions, b) + step;
         const int64_t at = cache_pos(c.prm.window, pos), copy = ring_copy(c.prm.window);  // a window's ring: twice
         if (hs <= G) {  // q or k: optional per-head rmsnorm, then rope
-#if TILEVOX_MK_TYPED_ROPE  // in place on the head's row; bf16 activations without a dtype switch per element
+          // In place on the head's row; bf16 activations without a dtype switch per element.
           if (x.dt == BF16)
             norm_rope_in_place<BF16>(h, qkn, has_qkn, hs < G ? 0 : 1, inv_freq, pos, D, x.dt, eps);
           else
             norm_rope_in_place(h, qkn, has_qkn, hs < G ? 0 : 1, inv_freq, pos, D, x.dt, eps);
           auto out_at = [&](int j) { return h[lane + 32 * j]; };
-#else
-          float outv[TILEVOX_MK_MAX_HEAD_DIM / 32];
-          norm_rope_head(h, qkn, has_qkn, hs < G ? 0 : 1, inv_freq, pos, D, x.dt, eps, outv);
-          auto out_at = [&](int j) { return outv[j]; };
-#endif
           if (hs < G) {
             const int head = group * G + hs;
             for (int j = 0, d = lane; d < D; d += 32, ++j) st(qb, ((int64_t)b * H + head) * D + d, out_at(j));
