@@ -1,6 +1,6 @@
 """Same-run A/B of megakernel build variants: one kernel library per setting of the build-time switches in
 trt_plugins/csrc/megakernel/ (TILEVOX_MK_POLL, _RELEASE, _INFLIGHT, _ACQUIRE, _ATTN_SPLIT, _EARLY_POLL,
-_OP_NOINLINE, _WEIGHT_L1, _QKV_INFLIGHT, _REPEAT_ATTN, _ATTN_EARLY), or `LIB@TILING` for library LIB compiled with
+_OP_NOINLINE, _WEIGHT_L1, _QKV_INFLIGHT, _REPEAT_ATTN), or `LIB@TILING` for library LIB compiled with
 another tiling (TILINGS), each timed and profiled by `benchmarks.megakernel_profile` in its own process on one GPU,
 and checked bitwise against the default build's outputs (the switches change waits, releases and load depth, never arithmetic;
 TILEVOX_MK_ATTN_SPLIT reorders attention's fp32 sums, so its variants are checked against the VM by the GPU
@@ -35,7 +35,6 @@ VARIANTS: dict[str, dict[str, int]] = {
     "nosplit": {"TILEVOX_MK_ATTN_SPLIT": 0},
     "adaptive": {"TILEVOX_MK_ATTN_SPLIT": 2},
     "repeatattn": {"TILEVOX_MK_REPEAT_ATTN": 1},  # a diagnostic (common.cuh): ATTN_PARTIAL run twice
-    "attnearly": {"TILEVOX_MK_ATTN_EARLY": 1},  # ops/attn_partial.cuh: the grouped prologue before the wait
     "early": {"TILEVOX_MK_EARLY_POLL": 1},
     "early+relaxed": {"TILEVOX_MK_EARLY_POLL": 1, "TILEVOX_MK_ACQUIRE": 0},
     "inline": {"TILEVOX_MK_OP_NOINLINE": 0},
@@ -55,7 +54,8 @@ TILINGS: dict[str, list[str]] = {
     "attn4": ["--attn-rows", "4"],
     "attn8": ["--attn-rows", "8"],
     "attn16": ["--attn-rows", "16"],
-    "onepart": ["--reduce-single-partition", "off"],  # one-partition regions without ATTN_REDUCE
+    "onepart": ["--reduce-single-partition", "off"],  # one-partition regions without ATTN_REDUCE (default since 12-07)
+    "reduce": ["--reduce-single-partition", "on", "--attn-rows", "0"],  # the default tiling before 2026-12-07 15:30
     "onepart_attn4": ["--reduce-single-partition", "off", "--attn-rows", "4"],
     "onepart_attn8": ["--reduce-single-partition", "off", "--attn-rows", "8"],
     "affinity": ["--opcode-affinity", "on"],  # each instruction on the SM that ran its opcode last

@@ -114,12 +114,15 @@ class TilingConfig:
 
     attn_rows: batch rows per attention tile (ATTN_PARTIAL per kv group, partition and row range; ATTN_REDUCE per
     kv group and row range); None: all rows in one tile, so at large batch a tile streams every row's keys.
-    Not yet measured on a GPU; None by default.
+    8 by default since 2026-12-07 (H100, same run, benchmarks/results/megakernel_variants_h100_cd86aaf_*.json):
+    the Qwen3-TTS predictor loop, whose one partition leaves the rows as attention's only parallelism, 12.79 ->
+    9.74 ms at batch 32 and 5.66 -> 5.60 at batch 1; the Llama-1B step (8 partitions) 5.44 / 5.45 at 32 and 2.39 /
+    2.38 at 1. 4 rows made both slower at batch 32 (12.27; Llama 9.01: the partials and reduces multiply).
 
     reduce_single_partition: keep the ATTN_REDUCE stage when one partition covers the region's context (the
-    Qwen3-TTS code predictor's); False: ATTN_PARTIAL writes attn_out itself and no reduce stage follows (one
-    dependent stage fewer per layer). Kept (True) by default until the GPU tests have run with it (no GPU
-    could be started on 2026-12-06); the VM and CPU tests cover both.
+    Qwen3-TTS code predictor's); False (default since 2026-12-07): ATTN_PARTIAL writes attn_out itself and no
+    reduce stage follows (one dependent stage fewer per layer). H100, same run: the predictor loop 6.58 -> 5.87
+    ms at batch 1 and 13.80 -> 13.01 at 32; the GPU tests pass with it (tests/trt_plugins/megakernel).
 
     split_qkv: a layer's q, k and v projections as one stage of balanced RMSNORM_LINEAR tiles writing the raw
     projections, instead of RMSNORM_QKV_ROPE_APPEND's one whole head per tile (the per-head norm and rope need
@@ -132,7 +135,10 @@ class TilingConfig:
     those free by the time it could start on any (engine_builder.regions.schedule): the same predicted start
     times, fewer SMs fetching each opcode's body. H100, 2026-12-07: a 16-key ATTN_PARTIAL of the Qwen3-TTS
     predictor takes 22.3 us on an SM that last ran something else and 13.4 us run again at once
-    (TILEVOX_MK_REPEAT_ATTN), so about 40 % of it is cold start. Off by default until it has been timed.
+    (TILEVOX_MK_REPEAT_ATTN), so about 40 % of it is cold start. Off by default: same run (H100, 2026-12-07),
+    the predictor loop 6.58 -> 6.37 ms at batch 1 but 13.80 -> 14.09 at 32 (5.87 -> 5.64 and 13.01 -> 12.77 with
+    one-partition attention), the Llama-1B step 2.44 -> 2.46 and 5.52 -> 5.52. `--megakernel-tiling
+    opcode_affinity=on` turns it on.
 
     Partitions of at least 64 keys (256 until 2026-12-06): on an H100, Llama-1B step at context 512, 64-key
     partitions took 2.88 / 3.35 / 6.67 ms at batch 1 / 8 / 32 against 2.81 / 3.95 / 8.98 ms with 256
@@ -148,8 +154,8 @@ class TilingConfig:
     partition_tokens: int | None = None
     cross_attn_rows: int = 4
     sm_balanced: bool = True
-    attn_rows: int | None = None
-    reduce_single_partition: bool = True
+    attn_rows: int | None = 8
+    reduce_single_partition: bool = False
     split_qkv: bool = False
     opcode_affinity: bool = False
 

@@ -306,21 +306,16 @@ __device__ __forceinline__ void grouped_new_key(GroupedState<GM>& st, const floa
   }
 }
 
-// Build-time switch: TILEVOX_MK_ATTN_EARLY 1 = the grouped path reads its views, the launch constants and its first
-// item's position and cache slot (launch inputs, never written by an instruction) before the dependency wait, so
-// that their dependent loads overlap the wait instead of following it; 0 (default) = the wait first (its caller
-// waits). Same arithmetic, same outputs. Profiled (H100, 2026-12-07): a 16-key ATTN_PARTIAL of the Qwen3-TTS
-// predictor is 22 us, about 9 of them cold start (TILEVOX_MK_REPEAT_ATTN) and the rest one warp's serial chain whose
-// prologue alone is several dependent round trips.
-#ifndef TILEVOX_MK_ATTN_EARLY
-#define TILEVOX_MK_ATTN_EARLY 0
-#endif
-
-// wait: the dependency wait is this function's (after the prologue), else the caller's (already done). False when
-// the block must stop.
+// The grouped path reads its views, the launch constants and its first item's position and cache slot (launch
+// inputs, never written by an instruction) before the dependency wait, so that their dependent loads overlap the
+// wait instead of following it. Same arithmetic, same outputs. H100, 2026-12-07, against the wait first (the
+// former build switch TILEVOX_MK_ATTN_EARLY; benchmarks/results/megakernel_variants_h100_cd86aaf_*.json): the
+// Qwen3-TTS predictor loop 6.58 -> 6.20 ms at batch 1 and 13.80 -> 13.70 at 32, the Llama-1B step 2.44 -> 2.40 and
+// 5.52 -> 5.43 (2.44 -> 2.39 and 5.51 -> 5.44 in a second run).
+// Waits for the instruction's dependencies itself; false when the block must stop.
 template <int VMAX, int GM>
 __device__ __noinline__ bool attn_partial_grouped(const Ctx c, const int* inst, float* q_smem, float* split_smem,
-                                                  int r0, int r1, bool wait) {
+                                                  int r0, int r1) {
   const int* in = ins_of(inst);
   const Buf qb = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_Q_BUF]), kc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_K_CACHE]), vc = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_V_CACHE]), positions = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_POSITIONS]),
             slots = get_buf(c, in[TILEVOX_MK_ATTN_PARTIAL_IN_SLOTS]);
@@ -341,10 +336,10 @@ __device__ __noinline__ bool attn_partial_grouped(const Ctx c, const int* inst, 
   // Split: warps share an item's rounds (block-uniform: items and rounds are the instruction's).
   const bool eligible = TILEVOX_MK_ATTN_SPLIT && items < kWarps && rounds > 1;
   const int item0 = eligible ? 0 : warp, item_step = eligible ? 1 : kWarps;
-  // The first item's row position and slot (launch inputs), read before the wait when it is this function's.
+  // The first item's row position and slot (launch inputs), read before the wait.
   const int b0 = r0 + item0 / (t_stop - t_start);
   const int64_t pos0 = item0 < items ? ld_int(positions, b0) : 0, slot0 = item0 < items ? ld_int(slots, b0) : 0;
-  if (wait && !wait_deps(c, inst)) return false;
+  if (!wait_deps(c, inst)) return false;
   for (int item = item0; item < items; item += item_step) {
     const int b = r0 + item / (t_stop - t_start), part = t_start + item % (t_stop - t_start);
     const int64_t first = (int64_t)part * PT;
@@ -478,30 +473,28 @@ TILEVOX_MK_OP bool op_attn_partial(const Ctx c, const int* inst, float* q_smem, 
   const bool vec_v = vc.dt == BF16 && D % 8 == 0 && 32 % (D / 8) == 0;
   const int cpr = vec_v ? D / 8 : 1, kpl = 32 / cpr, kk0 = lane / cpr, cc = lane % cpr;
   const Fresh fr = fresh_of(c, inst);
-  const bool grouped = attn_grouped_eligible(kc, vc, G, D, fr.on);
-  const bool early = TILEVOX_MK_ATTN_EARLY && grouped;  // the grouped path waits after its prologue
-  if (!early && !wait_deps(c, inst)) return false;
-  if (grouped) {
+  if (attn_grouped_eligible(kc, vc, G, D, fr.on)) {  // it waits after its prologue
     // Register arrays sized for the head dim (value pieces) and the group (accumulators), so that the common
     // shapes do not spill: Llama-1B (D 64, G 4), Qwen3-TTS (D 128, G 2).
     if (D <= 64) {
       if (G <= 2)
-        return attn_partial_grouped<8, 2>(c, inst, q_smem, split_smem, r0, r1, early);
+        return attn_partial_grouped<8, 2>(c, inst, q_smem, split_smem, r0, r1);
       else if (G <= 4)
-        return attn_partial_grouped<8, 4>(c, inst, q_smem, split_smem, r0, r1, early);
+        return attn_partial_grouped<8, 4>(c, inst, q_smem, split_smem, r0, r1);
       else
-        return attn_partial_grouped<8, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1, early);
+        return attn_partial_grouped<8, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1);
     } else if (D <= 128) {
       if (G <= 2)
-        return attn_partial_grouped<16, 2>(c, inst, q_smem, split_smem, r0, r1, early);
+        return attn_partial_grouped<16, 2>(c, inst, q_smem, split_smem, r0, r1);
       else if (G <= 4)
-        return attn_partial_grouped<16, 4>(c, inst, q_smem, split_smem, r0, r1, early);
+        return attn_partial_grouped<16, 4>(c, inst, q_smem, split_smem, r0, r1);
       else
-        return attn_partial_grouped<16, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1, early);
+        return attn_partial_grouped<16, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1);
     } else {
-      return attn_partial_grouped<32, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1, early);
+      return attn_partial_grouped<32, kMaxGroup>(c, inst, q_smem, split_smem, r0, r1);
     }
   }
+  if (!wait_deps(c, inst)) return false;
   for (int part = inst[TILEVOX_MK_FIELD_TILE_START]; part < inst[TILEVOX_MK_FIELD_TILE_STOP]; ++part) {
     const int64_t first = (int64_t)part * PT;
     for (int pair = warp; pair < (r1 - r0) * G; pair += kWarps) {
