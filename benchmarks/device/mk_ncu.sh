@@ -6,7 +6,8 @@
 # e.g. `mk_ncu.sh llama --model llama -- pred --model qwen3-tts-0.6b-predictor --`. Per NAME, in $OUT:
 # NAME_details.txt (every section's body), NAME_raw.csv.gz (every collected metric), NAME_sass.csv.gz (the source page,
 # SASS with per-instruction samples), NAME_functions.json (ncu_functions.py: samples and stall reasons per
-# function); once, megakernel_sass.txt.gz (the kernel's SASS, whose labels place each instruction in its function).
+# function, and the hottest code spans of NCU_FUNCTION, default op_qkv); once, megakernel_sass.txt.gz (the kernel's SASS,
+# whose labels place each instruction in its function).
 # Caches are not flushed between replay passes (--cache-control none): the kernel's code stays in L2 as it does
 # between the steps of a served stream. Clocks are left alone (METHOD.md).
 # Carried: .whl, .kernels (the library under test, or TILEVOX_KERNELS_LIB).
@@ -35,5 +36,5 @@ while [ $# -gt 0 ]; do
   ncu --import "/tmp/$name.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/${name}_sass.csv.gz"
   grep -i "duration\|stall\|warp cycles per\|issued ipc\|no instruction\|branch" "$OUT/${name}_details.txt" | head -40
   python3 "$repo/benchmarks/device/ncu_functions.py" "$OUT/${name}_sass.csv.gz" /tmp/megakernel.sass \
-    --json "$OUT/${name}_functions.json" | head -30
+    --json "$OUT/${name}_functions.json" --function "${NCU_FUNCTION:-op_qkv}" | head -50
 done

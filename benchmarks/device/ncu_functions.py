@@ -6,7 +6,7 @@ interpreter loop, each opcode body (`op_*`, `__noinline__`), their helpers. Prin
 samples, its executed instructions and its leading stall reasons; the spin-wait of wait_deps falls in the loop or
 in the opcode that calls it.
 
-    python3 benchmarks/device/ncu_functions.py pred_sass.csv.gz megakernel.sass [--json out.json]
+    python3 benchmarks/device/ncu_functions.py pred_sass.csv.gz megakernel.sass [--json out.json] [--function op_qkv]
 """
 
 from __future__ import annotations
@@ -131,20 +131,67 @@ def summarize(rows: list[dict[str, str]], starts: list[tuple[int, str]], opcodes
     return {"columns": columns, "samples_column": samples, "functions": out}
 
 
+def hot_spots(rows: list[dict[str, str]], starts: list[tuple[int, str]], function: str, span: int = 256) -> list[dict]:
+    """Inside one function: its samples per `span` bytes of code (16 instructions by default), hottest first, each
+    with its offset in the function, executed instructions, leading stall reasons and the span's instructions that
+    ran. ValueError for a function the listing does not name."""
+    named = [i for i, (_, name) in enumerate(starts) if name == function]
+    if not named:
+        raise ValueError(f"no function {function!r} in the listing; it names {sorted({n for _, n in starts})}")
+    lo = starts[named[0]][0]
+    hi = starts[named[0] + 1][0] if named[0] + 1 < len(starts) else None
+    columns = list(rows[0]) if rows else []
+    samples = next(c for c in columns if "Sampling (All" in c)
+    executed = next((c for c in columns if c.startswith("Instructions Executed")), None)
+    reasons = [c for c in columns if c.startswith("stall_") and "Not Issued" not in c]
+    base = min((int(row["Address"], 16) for row in rows), default=0)
+    spans: dict[int, dict] = {}
+    for row in rows:
+        offset = int(row["Address"], 16) - base
+        if offset < lo or (hi is not None and offset >= hi):
+            continue
+        at = (offset - lo) // span * span
+        entry = spans.setdefault(
+            at, {"offset": at, "samples": 0.0, "executed": 0.0, "stalls": defaultdict(float), "code": []}
+        )
+        entry["samples"] += _number(row[samples])
+        ran = _number(row[executed]) if executed else 0.0
+        entry["executed"] += ran
+        for reason in reasons:
+            entry["stalls"][reason] += _number(row[reason])
+        if ran > 0:
+            entry["code"].append(row["Source"].strip())
+    out = sorted(spans.values(), key=lambda e: -e["samples"])
+    for entry in out:
+        entry["stalls"] = dict(sorted(((r, x) for r, x in entry["stalls"].items() if x > 0), key=lambda t: -t[1])[:3])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sass_csv", type=Path)
     parser.add_argument("listing", type=Path)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--function", help="also list this function's hottest code spans (e.g. op_qkv)")
+    parser.add_argument("--top", type=int, default=12, help="how many spans --function lists")
     args = parser.parse_args()
     listing = gzip.open(args.listing, "rt").read() if args.listing.suffix == ".gz" else args.listing.read_text()
-    result = summarize(read_source_csv(args.sass_csv), function_starts(listing), listing_opcodes(listing))
+    rows, starts = read_source_csv(args.sass_csv), function_starts(listing)
+    result = summarize(rows, starts, listing_opcodes(listing))
     print(f"{'function':<44}{'share %':>9}{'samples':>10}{'executed':>12}  leading stall reasons (samples)")
     for f in result["functions"]:
         if f["samples"] <= 0:
             continue
         stalls = ", ".join(f"{r.removeprefix('stall_')} {x:.0f}" for r, x in f["stalls"].items())
         print(f"{f['function'][:43]:<44}{f['share_pct']:>9.1f}{f['samples']:>10.0f}{f['executed']:>12.0f}  {stalls}")
+    if args.function:
+        spots = hot_spots(rows, starts, args.function)
+        result["hot_spots"] = {"function": args.function, "spans": spots}
+        print(f"\n{args.function}: hottest code spans (offset in the function, samples, executed, stalls, first ran)")
+        for e in spots[: args.top]:
+            stalls = ", ".join(f"{r.removeprefix('stall_')} {x:.0f}" for r, x in e["stalls"].items())
+            first = e["code"][0] if e["code"] else "-"
+            print(f"  +{e['offset']:#07x} {e['samples']:>8.0f} {e['executed']:>10.0f}  {stalls:<44} {first[:50]}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 

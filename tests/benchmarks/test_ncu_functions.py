@@ -95,3 +95,19 @@ def test_a_listing_of_another_build_is_refused(tmp_path: Path) -> None:
 def test_opcodes_without_predicates() -> None:
     ops = ncu_functions.listing_opcodes("        /*0010*/                   @!P0  BRA 0x7f67cb4fd4d0 ;\n")
     assert ops == {0x10: "BRA"}
+
+
+def test_hot_spots_of_one_function(tmp_path: Path) -> None:
+    path = tmp_path / "pred_sass.csv"
+    path.write_text(CSV)
+    rows, starts = ncu_functions.read_source_csv(path), ncu_functions.function_starts(LISTING)
+    spans = ncu_functions.hot_spots(rows, starts, "op_attn_partial", span=16)
+    assert [(e["offset"], e["samples"], e["executed"]) for e in spans] == [(0x0, 30, 8), (0x10, 5, 8)]
+    assert spans[0]["code"] == ["LDG.E R2, [R4.64]"] and spans[0]["stalls"] == {
+        "stall_long_sb": 28,
+        "stall_no_instruction": 2,
+    }
+    whole = ncu_functions.hot_spots(rows, starts, "megakernel")
+    assert [(e["offset"], e["samples"]) for e in whole] == [(0x0, 55)]
+    with pytest.raises(ValueError, match="no function 'op_qkv'"):
+        ncu_functions.hot_spots(rows, starts, "op_qkv")
