@@ -62,8 +62,8 @@ def utc_now() -> str:
 
 
 def add_tiling_args(parser) -> None:
-    """--sm-balanced / --attn-rows / --reduce-single-partition / --split-qkv / --opcode-affinity: TilingConfig overrides for the megakernel
-    benchmarks (see apply_tiling_args)."""
+    """--sm-balanced / --attn-rows / --reduce-single-partition / --split-qkv / --opcode-affinity: TilingConfig
+    overrides for the megakernel benchmarks (see apply_tiling_args)."""
     parser.add_argument(
         "--sm-balanced",
         choices=["on", "off"],

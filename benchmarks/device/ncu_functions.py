@@ -134,14 +134,16 @@ def summarize(rows: list[dict[str, str]], starts: list[tuple[int, str]], opcodes
 def hot_spots(rows: list[dict[str, str]], starts: list[tuple[int, str]], function: str, span: int = 256) -> list[dict]:
     """Inside one function: its samples per `span` bytes of code (16 instructions by default), hottest first, each
     with its offset in the function, executed instructions, leading stall reasons and the span's instructions that
-    ran. ValueError for a function the listing does not name."""
+    ran. ValueError for a function the listing does not name, or an export without PC samples."""
     named = [i for i, (_, name) in enumerate(starts) if name == function]
     if not named:
         raise ValueError(f"no function {function!r} in the listing; it names {sorted({n for _, n in starts})}")
     lo = starts[named[0]][0]
     hi = starts[named[0] + 1][0] if named[0] + 1 < len(starts) else None
     columns = list(rows[0]) if rows else []
-    samples = next(c for c in columns if "Sampling (All" in c)
+    samples = next((c for c in columns if "Sampling (All" in c), None)
+    if samples is None:
+        raise ValueError(f"no 'Warp Stall Sampling (All Samples)' column among {columns}")
     executed = next((c for c in columns if c.startswith("Instructions Executed")), None)
     reasons = [c for c in columns if c.startswith("stall_") and "Not Issued" not in c]
     base = min((int(row["Address"], 16) for row in rows), default=0)

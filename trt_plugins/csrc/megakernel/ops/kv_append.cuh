@@ -2,7 +2,8 @@
 // Included by megakernel.cu inside its anonymous namespace (one translation unit); not a standalone header.
 #pragma once
 
-// One warp per (kv group, batch row): the raw key through norm_rope_in_place (qk_norm_w row 1), the raw value as it is.
+// One warp per (kv group, batch row): the raw key through norm_rope_in_place (qk_norm_w row 1), the raw value as
+// it is.
 TILEVOX_MK_OP bool op_kv_append(const Ctx c, const int* inst, float* hb) {
   const int* in = ins_of(inst);
   const Buf kr = get_buf(c, in[TILEVOX_MK_KV_APPEND_IN_K_RAW]), vr = get_buf(c, in[TILEVOX_MK_KV_APPEND_IN_V_RAW]),
