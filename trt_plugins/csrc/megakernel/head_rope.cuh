@@ -10,15 +10,15 @@ constexpr int kHeadPer = TILEVOX_MK_MAX_HEAD_DIM / 32;  // a lane's dims of one 
 __device__ __noinline__ void rope_cos_sin(float f, float* cs, float* sn) { sincosf(f, sn, cs); }
 
 // One warp. h: the head's D raw values (already rounded to dt) in shared memory, visible to the whole warp; with
-// has_norm they become rmsnorm(h) * norm_w[row] (rows 0 = q, 1 = k), then h[d] the roped head at position pos, rounded to dt. Dims d and d + D/2 share one rope
-// angle and each other's values, so the lane that owns d < D/2 rotates the pair: no exchange between lanes after
-// the norm, one sincos per pair, plain loops. T >= 0: dt is T, known at compile time (ld_act_t). Ends with
-// __syncwarp. Measured against the out-of-place form with a dtype switch per element that it replaced (H100,
-// outputs bit for bit equal): the Qwen3-TTS QKV tile 15.3 against 17.4 us (generic loads, 2026-12-07 morning);
-// with KV_APPEND's and split QKV's typed loads-first, 2026-12-07 14:40 UTC
-// (benchmarks/results/megakernel_variants_h100_b49c9b2_typedrope_*.json): the predictor loop 6.84 -> 6.49 ms at
-// batch 1, 14.35 -> 14.04 at 32, 9.11 -> 6.99 ms at batch 1 with split QKV; the Llama-1B step 2.60 -> 2.47 ms at
-// batch 1, 5.48 / 5.49 at 32.
+// has_norm they become rmsnorm(h) * norm_w[row] (rows 0 = q, 1 = k), then h[d] the roped head at position pos,
+// rounded to dt. Dims d and d + D/2 share one rope angle and each other's values, so the lane that owns d < D/2
+// rotates the pair: no exchange between lanes after the norm, one sincos per pair, plain loops. T >= 0: dt is T,
+// known at compile time (ld_act_t). Ends with __syncwarp. Measured against the out-of-place form with a dtype
+// switch per element that it replaced (H100, outputs bit for bit equal): the Qwen3-TTS QKV tile 15.3 against
+// 17.4 us (generic loads, 2026-12-07 morning); with KV_APPEND's and split QKV's typed loads-first, 2026-12-07
+// 14:40 UTC (benchmarks/results/megakernel_variants_h100_b49c9b2_typedrope_*.json): the predictor loop 6.84 ->
+// 6.49 ms at batch 1, 14.35 -> 14.04 at 32, 9.11 -> 6.99 ms at batch 1 with split QKV; the Llama-1B step 2.60 ->
+// 2.47 ms at batch 1, 5.48 / 5.49 at 32.
 template <int T = -1>
 __device__ __forceinline__ void norm_rope_in_place(float* h, const Buf& norm_w, bool has_norm, int row,
                                                    const Buf& inv_freq, int64_t pos, int D, int dt, float eps) {
