@@ -250,7 +250,18 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = _Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
         self.tie_weights()
         self._inv_freq_cpu = rope_inv_freq(config)
-        self._inv_freq: torch.Tensor | None = None  # on the parameters' device, made on first use
+        # fp32 on the parameters' device, set here and on every move (_apply), never inside forward: a compiled
+        # forward that creates it on its first call is compiled again on its second (Dynamo guards on it being
+        # None), and the executor's second call is its CUDA-graph capture, where compiling fails (H100,
+        # 2026-12-07: the compiled Llasa prefill).
+        self._inv_freq = self._inv_freq_cpu.to(self.lm_head.weight.device)
+
+    def _apply(self, fn, recurse=True):
+        """nn.Module._apply (to, cuda, to_empty, ...), then the fp32 rope table on the new device: a dtype cast
+        of the module never reaches it (transformers computes the rope angles in fp32)."""
+        module = super()._apply(fn, recurse)
+        self._inv_freq = self._inv_freq_cpu.to(self.lm_head.weight.device)
+        return module
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -293,8 +304,8 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._inv_freq is None or self._inv_freq.device != positions.device:
-            self._inv_freq = self._inv_freq_cpu.to(positions.device)
+        if self._inv_freq.device != positions.device:
+            raise ValueError(f"positions on {positions.device}, the model on {self._inv_freq.device}")
         freqs = positions.to(torch.float32)[..., None] * self._inv_freq  # (B, T, D/2), fp32 as transformers
         angles = torch.cat((freqs, freqs), dim=-1)  # (B, T, D)
         return angles.cos().to(dtype), angles.sin().to(dtype)
