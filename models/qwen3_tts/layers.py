@@ -255,7 +255,21 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # RoPE frequencies with rope_scaling applied (fp32, CPU; a plain attribute, so .to(dtype) keeps it fp32).
         self._scaled_rope = None if config.rope_scaling.rope_type == "default" else rope_inv_freq(config, "cpu")
+        # The scaled frequencies on the parameters' device, made here and on every move (_apply), not inside
+        # forward: state a compiled forward creates on its first call makes Dynamo compile it again on the second,
+        # which the executor runs during a CUDA-graph capture (models/llama/model.py's rope table, 2026-12-07).
         self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
+        self._place_scaled_rope()
+
+    def _place_scaled_rope(self) -> None:
+        if self._scaled_rope is not None:
+            device = self.norm.weight.device
+            self._inv_freq_by_device = {device: self._scaled_rope[0].to(device)}
+
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        self._place_scaled_rope()
+        return module
 
     def layer_weights(self) -> tuple[LayerWeights, ...]:
         """Each layer's weights by role (models.decoder_view), for a region compiler; no copies."""

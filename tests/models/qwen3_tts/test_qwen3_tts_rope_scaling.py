@@ -156,3 +156,21 @@ def test_unsupported_scaling_is_refused_naming_key_and_file(oracle_checkpoints, 
     with pytest.raises(CheckpointError, match=match) as info:
         load_checkpoint(path)
     assert str(path / "config.json") in str(info.value)
+
+
+def test_the_scaled_rope_table_is_made_before_forward_and_follows_the_module():
+    """Nothing _rope reads is created by a forward call: state a compiled forward makes on its first call makes
+    Dynamo compile it again on the second, which the executor runs during a CUDA-graph capture."""
+    from tilevox.models.qwen3_tts.layers import DecoderStack
+
+    config = TransformerConfig.from_dict(_stack(8, {"rope_type": "linear", "factor": 2.0}), "talker_config")
+    stack = DecoderStack(config)
+    table = dict(stack._inv_freq_by_device)
+    assert list(table) == [torch.device("cpu")]
+    torch.testing.assert_close(table[torch.device("cpu")], rope_inv_freq(config)[0], rtol=0, atol=0)
+    stack._rope(torch.arange(5)[None], torch.float32)
+    assert stack._inv_freq_by_device == table  # the forward's rope read it, made nothing
+    stack.to(torch.bfloat16)
+    assert stack._inv_freq_by_device[torch.device("cpu")].dtype == torch.float32
+    stack.to("meta")
+    assert [d.type for d in stack._inv_freq_by_device] == ["meta"]
