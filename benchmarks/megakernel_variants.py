@@ -1,6 +1,6 @@
 """Same-run A/B of megakernel build variants: one kernel library per setting of the build-time switches in
 trt_plugins/csrc/megakernel/ (TILEVOX_MK_POLL, _RELEASE, _INFLIGHT, _ACQUIRE, _ATTN_SPLIT, _EARLY_POLL,
-_OP_NOINLINE, _WEIGHT_L1, _QKV_INFLIGHT, _REPEAT_ATTN), or `LIB@TILING` for library LIB compiled with
+_OP_NOINLINE, _WEIGHT_L1, _QKV_INFLIGHT, _REPEAT_ATTN, _FRESH_SPREAD), or `LIB@TILING` for library LIB compiled with
 another tiling (TILINGS), each timed and profiled by `benchmarks.megakernel_profile` in its own process on one GPU,
 and checked bitwise against the default build's outputs (the switches change waits, releases and load depth, never arithmetic;
 TILEVOX_MK_ATTN_SPLIT reorders attention's fp32 sums, so its variants are checked against the VM by the GPU
@@ -35,6 +35,7 @@ VARIANTS: dict[str, dict[str, int]] = {
     "nosplit": {"TILEVOX_MK_ATTN_SPLIT": 0},
     "adaptive": {"TILEVOX_MK_ATTN_SPLIT": 2},
     "repeatattn": {"TILEVOX_MK_REPEAT_ATTN": 1},  # a diagnostic (common.cuh): ATTN_PARTIAL run twice
+    "freshspread": {"TILEVOX_MK_FRESH_SPREAD": 1},  # split QKV's query heads and key normed by one warp each
     "early": {"TILEVOX_MK_EARLY_POLL": 1},
     "early+relaxed": {"TILEVOX_MK_EARLY_POLL": 1, "TILEVOX_MK_ACQUIRE": 0},
     "inline": {"TILEVOX_MK_OP_NOINLINE": 0},

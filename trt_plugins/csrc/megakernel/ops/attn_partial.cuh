@@ -165,6 +165,15 @@ __device__ __forceinline__ void online_key(const float* q, const float* kn, int 
 #ifndef TILEVOX_MK_ATTN_SPLIT
 #define TILEVOX_MK_ATTN_SPLIT 1
 #endif
+// Build-time switch: TILEVOX_MK_FRESH_SPREAD 1 = with split QKV, when the warps share one item (the split above), its
+// G query heads and its newest key are normed and roped by G + 1 warps side by side, one head each, instead of by
+// every warp for all G heads (and warp 0 for the key) one after another; 0 (default) = as before. Same arithmetic per
+// head, same outputs. H100, 2026-12-07: with split QKV the predictor's ATTN_PARTIAL took 34 us at batch 1 against
+// 20 us with the fused QKV stage (which norms and ropes in its own tiles), so split QKV lost (6.99 against 6.49 ms)
+// although its projection tiles are 4x shorter. Compiles; not yet run on a GPU.
+#ifndef TILEVOX_MK_FRESH_SPREAD
+#define TILEVOX_MK_FRESH_SPREAD 0
+#endif
 
 // The split's per-warp (m, l, acc) rows live in the staging area xs, unused by attention.
 static_assert(kWarps * kMaxGroup * (2 + TILEVOX_MK_MAX_HEAD_DIM) <= kXsFloats, "split attention scratch overflows xs");
@@ -375,6 +384,21 @@ __device__ __noinline__ bool attn_partial_grouped(const Ctx c, const int* inst, 
       continue;
     }
     __syncwarp();
+    float* qi = q;  // this item's staged queries (then the newest key and value)
+#if TILEVOX_MK_FRESH_SPREAD
+    if (fr.on && split) {
+      // One head per warp, into warp 0's staging area: warp h < G norms and ropes query head h, warp kw the newest
+      // key (and rounds the value); every warp then reads them there. Block-uniform: split is the instruction's.
+      qi = q_smem;
+      __syncthreads();  // warp 0 may still read its area for an item of its own (TILEVOX_MK_ATTN_SPLIT 2)
+      const int kw = G < kWarps ? G : 0;
+      const bool key_here = has_new && warp == kw;
+      if (warp < G || key_here)
+        fresh_operands(c, fr, qb, kc, vc, b, group, group * G + (warp < G ? warp : 0), warp < G ? 1 : 0, length - 1,
+                       qi + (warp < G ? warp : 0) * D, key_here ? qi + G * D : nullptr, qi + (G + 1) * D);
+      __syncthreads();
+    } else
+#endif
     if (fr.on) {
       const bool with_new = has_new && (!split || warp == 0);
       fresh_operands(c, fr, qb, kc, vc, b, group, group * G, G, length - 1, q, with_new ? q + G * D : nullptr,
@@ -399,8 +423,8 @@ __device__ __noinline__ bool attn_partial_grouped(const Ctx c, const int* inst, 
     const uint4* keys = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(kc.p) + cache_base);
     const unsigned short* vals = reinterpret_cast<const unsigned short*>(vc.p) + cache_base + cc * 8;
     GroupedState<GM> gs;
-    grouped_rounds<VMAX, GM>(gs, q, keys, vals, first, cached, split ? warp : 0, split ? kWarps : 1, G, D, scale);
-    if (has_new && (!split || warp == 0)) grouped_new_key<GM>(gs, q, q + G * D, q + (G + 1) * D, G, D, scale);
+    grouped_rounds<VMAX, GM>(gs, qi, keys, vals, first, cached, split ? warp : 0, split ? kWarps : 1, G, D, scale);
+    if (has_new && (!split || warp == 0)) grouped_new_key<GM>(gs, qi, qi + G * D, qi + (G + 1) * D, G, D, scale);
     if (!split) {
 #pragma unroll
       for (int h = 0; h < GM; ++h) {
