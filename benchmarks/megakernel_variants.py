@@ -2,9 +2,9 @@
 trt_plugins/csrc/megakernel/ (TILEVOX_MK_POLL, _RELEASE, _INFLIGHT, _ACQUIRE, _ATTN_SPLIT, _EARLY_POLL,
 _OP_NOINLINE, _WEIGHT_L1, _QKV_INFLIGHT, _REPEAT_ATTN, _FRESH_SPREAD), or `LIB@TILING` for library LIB compiled with
 another tiling (TILINGS), each timed and profiled by `benchmarks.megakernel_profile` in its own process on one GPU,
-and checked bitwise against the default build's outputs (the switches change waits, releases and load depth, never arithmetic;
-TILEVOX_MK_ATTN_SPLIT reorders attention's fp32 sums, so its variants are checked against the VM by the GPU
-tests instead).
+and checked bitwise against the default build's outputs (the switches change waits, releases, load depth and which
+warp computes what, never arithmetic; TILEVOX_MK_ATTN_SPLIT reorders attention's fp32 sums, so its variants are
+checked against the VM by the GPU tests instead).
 
     # here (nvcc, no GPU): after `python -m tilevox.trt_plugins.build` (reuses its other objects)
     python -m benchmarks.megakernel_variants build --out .mkvariants

@@ -255,16 +255,16 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # RoPE frequencies with rope_scaling applied (fp32, CPU; a plain attribute, so .to(dtype) keeps it fp32).
         self._scaled_rope = None if config.rope_scaling.rope_type == "default" else rope_inv_freq(config, "cpu")
-        # The scaled frequencies on the parameters' device, made here and on every move (_apply), not inside
-        # forward: state a compiled forward creates on its first call makes Dynamo compile it again on the second,
-        # which the executor runs during a CUDA-graph capture (models/llama/model.py's rope table, 2026-12-07).
-        self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
+        # The scaled frequencies on the parameters' device (None without scaling), made here and on every move
+        # (_apply), never inside forward: state a compiled forward creates on its first call makes Dynamo compile it
+        # again on the second, which the executor runs during a CUDA-graph capture (models/llama/model.py's rope
+        # table, 2026-12-07).
+        self._inv_freq: torch.Tensor | None = None
         self._place_scaled_rope()
 
     def _place_scaled_rope(self) -> None:
         if self._scaled_rope is not None:
-            device = self.norm.weight.device
-            self._inv_freq_by_device = {device: self._scaled_rope[0].to(device)}
+            self._inv_freq = self._scaled_rope[0].to(self.norm.weight.device)
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
@@ -294,17 +294,15 @@ class DecoderStack(nn.Module):
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._scaled_rope is None:
             return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
-        inv_freq, scaling = self._scaled_rope
-        on_device = self._inv_freq_by_device.get(positions.device)
-        if on_device is None:  # copied once per device (not during CUDA-graph capture of later steps)
-            on_device = self._inv_freq_by_device[positions.device] = inv_freq.to(positions.device)
+        if self._inv_freq.device != positions.device:
+            raise ValueError(f"positions on {positions.device}, the model on {self._inv_freq.device}")
         return rope_cos_sin(
             positions,
             self.config.head_dim,
             self.config.rope_theta,
             dtype,
-            inv_freq=on_device,
-            attention_scaling=scaling,
+            inv_freq=self._inv_freq,
+            attention_scaling=self._scaled_rope[1],
         )
 
     def run_layers(self, x: torch.Tensor, view: CacheView) -> torch.Tensor:

@@ -165,12 +165,13 @@ def test_the_scaled_rope_table_is_made_before_forward_and_follows_the_module():
 
     config = TransformerConfig.from_dict(_stack(8, {"rope_type": "linear", "factor": 2.0}), "talker_config")
     stack = DecoderStack(config)
-    table = dict(stack._inv_freq_by_device)
-    assert list(table) == [torch.device("cpu")]
-    torch.testing.assert_close(table[torch.device("cpu")], rope_inv_freq(config)[0], rtol=0, atol=0)
+    table = stack._inv_freq
+    assert table.device == torch.device("cpu")
+    torch.testing.assert_close(table, rope_inv_freq(config)[0], rtol=0, atol=0)
     stack._rope(torch.arange(5)[None], torch.float32)
-    assert stack._inv_freq_by_device == table  # the forward's rope read it, made nothing
+    assert stack._inv_freq is table  # the forward's rope read it, made nothing
     stack.to(torch.bfloat16)
-    assert stack._inv_freq_by_device[torch.device("cpu")].dtype == torch.float32
+    assert stack._inv_freq.dtype == torch.float32
+    torch.testing.assert_close(stack._inv_freq, table, rtol=0, atol=0)
     stack.to("meta")
-    assert [d.type for d in stack._inv_freq_by_device] == ["meta"]
+    assert stack._inv_freq.device.type == "meta" and stack._inv_freq.dtype == torch.float32
