@@ -6,22 +6,18 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import socket
 import subprocess
 from pathlib import Path
 
-from tilevox.server.bench import ServerProcess  # `tilevox serve` as a subprocess, as `tilevox bench` starts it
+from tilevox.server.bench import (  # `tilevox serve` as a subprocess, as `tilevox bench` starts it
+    ServerProcess,
+    free_port,
+)
 
 __all__ = ["REPO", "RESULTS", "ServerProcess", "commit", "device_name", "free_port", "utc_now"]
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def commit() -> str:

@@ -277,7 +277,7 @@ class ServerProcess:
     with SIGTERM when it ends. Its log goes to a file (a pipe would fill and block it)."""
 
     def __init__(self, serve_args: list[str], *, log_path: Path, start_timeout_s: float = 600.0, env=None):
-        self.http_port, self.grpc_port = _free_port(), _free_port()
+        self.http_port, self.grpc_port = free_port(), free_port()
         self.cmd = serve_command(self.http_port, self.grpc_port, *serve_args)
         self.log_path = Path(log_path)
         self.start_timeout_s = start_timeout_s
@@ -325,10 +325,26 @@ class ServerProcess:
         self._log_file.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# Ports handed out below the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by
+# default) and above Ray's worker ports (10002-19999). A port the kernel gives to another process's bind(0)
+# or outgoing connection can never be one of these, so one picked here stays free until the server started
+# later binds it; a port from bind(0) can be taken in between (it once cost Ray Serve's proxy its port).
+_PORT_RANGE = (20000, 32767)
+_ports = random.Random()
+
+
+def free_port() -> int:
+    """A loopback port, free now and outside the range the kernel assigns (for a server started later)."""
+    low, high = _PORT_RANGE
+    for _ in range(200):
+        port = _ports.randint(low, high)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {low}-{high} after 200 tries")
 
 
 def plot(report: dict, path: Path) -> None:

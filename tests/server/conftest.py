@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -13,17 +12,10 @@ import pytest
 
 from tests.server.fake_model import FakeSpeechModel
 from tilevox.server.app import ServerHandle
-from tilevox.server.bench import serve_command
+from tilevox.server.bench import free_port, serve_command
 from tilevox.server.config import ServerConfig
 
 API_KEY = "test-key-123"
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (for servers started as subprocesses)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_server(model, **overrides) -> ServerHandle:

@@ -4,14 +4,27 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
-from tilevox.server.bench import SERVER_COUNTERS, parse_counters, request_result, server_counters
+from tilevox.server.bench import SERVER_COUNTERS, free_port, parse_counters, request_result, server_counters
 from tilevox.server.cli import main
 
 RATE = 16000
 ONE_S = 2 * RATE  # bytes of one second of s16 audio
+
+
+def test_free_port_is_bindable_and_outside_the_kernels_ephemeral_range():
+    """Ports from bind(0) can be handed to another process before our server binds them; ours cannot."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = (int(x) for x in f.read().split())
+    ports = {free_port() for _ in range(50)}
+    assert len(ports) > 40  # random, so that concurrent test processes do not pick the same one
+    for port in ports:
+        assert not low <= port <= high and port >= 20000  # Ray's worker ports end at 19999
+    with socket.socket() as s:  # and it really is free
+        s.bind(("127.0.0.1", ports.pop()))
 
 
 def test_gaps_and_stalls():
