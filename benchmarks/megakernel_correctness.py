@@ -6,6 +6,7 @@ reference's token. Checks per step: logits within atol + rtol * max|ref|; the me
 the reference argmax unless the reference's gap to it is within that bound (a near-tie, counted). Also
 split regions in sequence == one region, and CUDA-graph replay == eager launches (both bitwise).
 CPU smoke: --variant llama-tiny --device cpu --executor vm. Writes JSON to --out and prints a table.
+The Qwen3-TTS regions' matrix (benchmarks/megakernel_correctness_qwen.py) shares this file's rule and helpers.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ DEFAULT_RTOL = 0.03
 # Llama-3.2-1B at context 300 had the bf16 PyTorch step 0.195 off at max|ref| ~4.7, above atol + rtol.
 DEFAULT_BF16_FACTOR = 1.25
 # Per-step statistics, in this order (one device row per step; one host sync per cell).
-_STEP_FIELDS = (
+STEP_FIELDS = (
     "max_abs_diff",
     "ref_scale",
     "bound",
@@ -198,8 +199,8 @@ def _logits(model: LlamaForCausalLM, cache, tokens, slots_t, positions, num_keys
     return model.lm_head(hidden[:, 0]).float()  # (B, V)
 
 
-def _step_stats(mk_logits, mk_tokens, ref, base, tol: Tolerance) -> torch.Tensor:
-    """One row of _STEP_FIELDS, on the device (no sync)."""
+def step_stats(mk_logits, mk_tokens, ref, base, tol: Tolerance) -> torch.Tensor:
+    """One row of STEP_FIELDS, on the device (no sync)."""
     vocab = ref.shape[1]
     diff = (mk_logits - ref).abs().amax()
     scale = ref.abs().amax()
@@ -261,23 +262,35 @@ def _run_cell(model, ref_model, b: _Batch, context: int, args, tol: Tolerance, g
         base = None
         if b.base_cache is not None:
             base = _logits(model, b.base_cache, tokens, b.slots_t, positions, num_keys)
-        rows.append(_step_stats(mk_logits, mk_tokens, ref, base, tol))
+        rows.append(step_stats(mk_logits, mk_tokens, ref, base, tol))
         tokens = ref.argmax(-1)  # teacher forcing: both paths see the reference's token next
         positions = positions + 1
         _sync(device)
         mk_s += t1 - t0
         ref_s += time.perf_counter() - t1
     b.launcher.check_error()
-    stats = torch.stack(rows).cpu()  # (steps, fields)
-    col = {name: stats[:, i] for i, name in enumerate(_STEP_FIELDS)}
-    ratio = col["max_abs_diff"] / col["bound"]
-    logits_ok = bool((col["max_abs_diff"] <= col["bound"]).all())  # False on NaN
     cell = {
         "batch": b.batch,
         "context": context,
         "context_per_row": [min(lengths), max(lengths)],
         "steps": args.steps,
         "tokens_compared": args.steps * b.batch,
+        **summarize_steps(rows, with_baseline=b.base_cache is not None),
+        "megakernel_s_per_step": mk_s / args.steps,
+        "reference_s_per_step": ref_s / args.steps,
+    }
+    return cell
+
+
+def summarize_steps(rows: Sequence[torch.Tensor], *, with_baseline: bool) -> dict:
+    """A cell's verdict from its per-step rows of STEP_FIELDS (step_stats; one host sync): the worst step's
+    figures, the mismatch counts, and `passed` (every step's logits within its bound, no hard mismatch, every
+    token an argmax of the megakernel's own logits)."""
+    stats = torch.stack(list(rows)).cpu()  # (steps, fields)
+    col = {name: stats[:, i] for i, name in enumerate(STEP_FIELDS)}
+    ratio = col["max_abs_diff"] / col["bound"]
+    logits_ok = bool((col["max_abs_diff"] <= col["bound"]).all())  # False on NaN
+    cell = {
         "max_abs_logit_diff": float(col["max_abs_diff"].max()),
         "max_ref_logit": float(col["ref_scale"].max()),
         "worst_diff_over_bound": float(ratio.max()),
@@ -287,10 +300,8 @@ def _run_cell(model, ref_model, b: _Batch, context: int, args, tol: Tolerance, g
         "self_argmax_violations": int(col["self_argmax_violations"].sum()),
         "max_mismatch_gap": float(col["max_mismatch_gap"].max()),
         "per_step_max_abs_diff": [round(float(x), 5) for x in col["max_abs_diff"]],
-        "megakernel_s_per_step": mk_s / args.steps,
-        "reference_s_per_step": ref_s / args.steps,
     }
-    if b.base_cache is not None:
+    if with_baseline:
         cell["bf16_conventional"] = {
             "max_abs_logit_diff": float(col["bf16_max_abs_diff"].max()),
             "argmax_mismatches": int(col["bf16_mismatches"].sum()),
@@ -413,7 +424,7 @@ def _check_graph(model, b: _Batch, context: int, steps: int, gen: torch.Generato
     }
 
 
-def _error_entry(exc: BaseException, **where) -> dict:
+def error_entry(exc: BaseException, **where) -> dict:
     """A check that raised (e.g. a megakernel watchdog or fault error): recorded as failed, and the
     matrix goes on, so one bad cell does not hide the others."""
     message = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
@@ -479,22 +490,22 @@ def run(args: argparse.Namespace, save: Callable[[dict], None] | None = None) ->
             for context in args.contexts:
                 try:
                     cell = _run_cell(model, ref_model, b, context, args, tol, gen)
-                except Exception as exc:  # noqa: BLE001 - recorded as a failed cell (see _error_entry)
-                    cell = _error_entry(exc, batch=batch, context=context)
+                except Exception as exc:  # noqa: BLE001 - recorded as a failed cell (see error_entry)
+                    cell = error_entry(exc, batch=batch, context=context)
                 report["cells"].append(cell)
-                print(_row(cell), flush=True)
+                print(row_text(cell), flush=True)
                 progress()
             if batch == args.check_batch:
                 where = {"batch": batch, "context": args.check_context, "steps": args.check_steps}
                 try:
                     report["split_regions"] = _check_split(model, b, args.check_context, args.check_steps, args, gen)
                 except Exception as exc:  # noqa: BLE001 - recorded as a failed check
-                    report["split_regions"] = _error_entry(exc, **where)
+                    report["split_regions"] = error_entry(exc, **where)
                 if args.executor == "cuda":
                     try:
                         report["cuda_graph_replay"] = _check_graph(model, b, args.check_context, args.check_steps, gen)
                     except Exception as exc:  # noqa: BLE001 - recorded as a failed check
-                        report["cuda_graph_replay"] = _error_entry(exc, **where)
+                        report["cuda_graph_replay"] = error_entry(exc, **where)
                 progress()
             del b
             if device.type == "cuda":
@@ -518,7 +529,7 @@ def run(args: argparse.Namespace, save: Callable[[dict], None] | None = None) ->
     return report
 
 
-def _row(c: dict) -> str:
+def row_text(c: dict) -> str:
     if "error" in c:
         return f"{c['batch']:5d} {c['context']:7d} ERROR {c['error']}"
     base = c.get("bf16_conventional")
@@ -542,14 +553,14 @@ def format_table(report: dict) -> str:
         f"megakernel vs fp32 reference: {report['variant']} on {report['device']} ({report['executor']}), "
         f"atol {t['atol']} rtol {t['rtol']}"
     )
-    lines = [title, HEADER] + [_row(c) for c in report["cells"]]
+    lines = [title, HEADER] + [row_text(c) for c in report["cells"]]
     for name in ("split_regions", "cuda_graph_replay"):
         lines.append(f"{name}: {json.dumps(report[name])}")
     lines.append(f"overall: {'PASS' if report['passed'] else 'FAIL'} ({report['wall_s']:.1f} s)")
     return "\n".join(lines)
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
 
@@ -565,8 +576,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help=f"batches {QUICK_BATCHES}, contexts {QUICK_CONTEXTS}, 16 steps (unless given)",
     )
-    parser.add_argument("--batches", type=_ints, default=None, help=f"default {FULL_BATCHES}")
-    parser.add_argument("--contexts", type=_ints, default=None, help=f"default {FULL_CONTEXTS}")
+    parser.add_argument("--batches", type=ints, default=None, help=f"default {FULL_BATCHES}")
+    parser.add_argument("--contexts", type=ints, default=None, help=f"default {FULL_CONTEXTS}")
     parser.add_argument("--steps", type=int, default=None, help="greedy steps per cell (default 64)")
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL)
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL)

@@ -32,6 +32,10 @@
 #                          benchmarks/device/_decoder_3f0a486.py, written by `git show` before the call) against the ring
 #   mkcorrect              the megakernel correctness matrix (benchmarks/megakernel_correctness.py, Llasa-1B shapes)
 #   mkcorrectx NAME ARGS... --  the same with extra flags (e.g. benchmarks.common's tiling flags: --split-qkv on)
+#   mkcorrectq NAME ARGS... --  the Qwen3-TTS correctness matrix (benchmarks/megakernel_correctness_qwen.py: talker
+#                          step, code-predictor loop, codec transformer against fp32) with ARGS, MKCORRECTQ_TIMEOUT
+#                          seconds at most (300); the full default matrix needs ~125 GB at batch 64 x context 4000 (an
+#                          H200; on an H100 that cell is recorded as an out-of-memory error)
 #   restore PATH... --     put these paths back to the landed commit first (a helper's unfinished edit in the copied
 #                          working tree stays out of the run)
 #   pack                   everything in $OUT into results.tgz (a call brings back 8 files at most)
@@ -142,6 +146,12 @@ while [ $# -gt 0 ]; do
       timeout 150 python3 -m benchmarks.megakernel_correctness --commit "${TILEVOX_COMMIT:-unknown}" "${extra[@]}" \
         --out "$OUT/megakernel_correctness_$name.json" > "$OUT/correctness_$name.log" 2>&1
       echo "mkcorrectx $name rc $?"; tail -27 "$OUT/correctness_$name.log" ;;
+    mkcorrectq)  # mkcorrectq NAME ARGS... -- : the Qwen3-TTS correctness matrix with ARGS
+      name=$1; shift; extra=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift || true
+      timeout "${MKCORRECTQ_TIMEOUT:-300}" python3 -m benchmarks.megakernel_correctness_qwen \
+        --commit "${TILEVOX_COMMIT:-unknown}" "${extra[@]}" \
+        --out "$OUT/megakernel_correctness_qwen_$name.json" > "$OUT/correctness_qwen_$name.log" 2>&1
+      echo "mkcorrectq $name rc $?"; tail -50 "$OUT/correctness_qwen_$name.log" ;;
     restore)
       paths=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do paths+=("$1"); shift; done; shift || true
       (cd "$repo" && git checkout HEAD -- "${paths[@]}" && git status --short | head -20) ;;

@@ -120,8 +120,8 @@ def test_step_stats_classify_near_ties_and_failures(correctness):
     mk_logits = torch.tensor([[0.96, 0.99, 0.0], [1.0, 0.0, 1.05], [0.0, 2.0, 0.1], [0.5, 0.0, 0.1]])
     mk_tokens = torch.tensor([1, 2, 1, 2])
     tol = correctness.Tolerance(atol=0.1, rtol=0.0)
-    stats = correctness._step_stats(mk_logits, mk_tokens, ref, None, tol)
-    values = dict(zip(correctness._STEP_FIELDS, stats.tolist(), strict=True))
+    stats = correctness.step_stats(mk_logits, mk_tokens, ref, None, tol)
+    values = dict(zip(correctness.STEP_FIELDS, stats.tolist(), strict=True))
     assert values["bound"] == pytest.approx(0.1)
     assert values["mismatches"] == 3 and values["near_ties"] == 1 and values["hard_mismatches"] == 2
     assert values["self_argmax_violations"] == 1
