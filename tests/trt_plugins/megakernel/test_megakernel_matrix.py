@@ -175,11 +175,14 @@ def test_benchmark_smoke_on_cpu_with_the_vm(bench, tmp_path):
     for (variant, batch), row in rows.items():
         assert row["megakernel_eager"]["ms"] > 0 and row["conventional_eager"]["ms"] > 0
         assert "CUDA" in row["conventional_graph"]["skipped"]
-        compiled = row["conventional_compiled"]
+        compiled, regional = row["conventional_compiled"], row["conventional_regional"]
         if batch == 1:
             assert compiled["ms"] > 0 and compiled["graph_breaks"] == 0, compiled
+            # Regional: every decoder layer (Llama: 2; Qwen: 2 talker + 2 predictor layers), no graph break.
+            assert regional["ms"] > 0 and regional["graph_breaks"] == 0 and not regional["captured"], regional
+            assert regional["blocks_compiled"] == (2 if variant.startswith("llama") else 4)
         else:
-            assert "--compile-batches" in compiled["skipped"]
+            assert "--compile-batches" in compiled["skipped"] and "--compile-batches" in regional["skipped"]
         if variant.startswith("llama-tiny"):
             agreement = row["agreement_one_step"]
             assert agreement["max_abs_logit_diff"] < 0.1 * agreement["max_abs_logit"]
@@ -205,6 +208,36 @@ def test_benchmark_smoke_on_cpu_with_the_vm(bench, tmp_path):
     b = rows[("qwen3-tts-tiny", 1)]["bytes"]
     assert b["talker_weight_bytes"] == (stack_params + talker.codec_head.weight.numel()) * size
     assert b["predictor_weight_bytes"] == (predictor.num_steps * (pred_stack + proj) + heads) * size
+
+
+def test_regional_compile_covers_the_decoder_layers_and_is_undone(bench):
+    """repeated_blocks finds the decoder layers (not the predictor's heads or embedding tables, leaf modules),
+    and regionally_compiled compiles them for its duration only."""
+    from benchmarks.megakernel_conventional import LLAMA_VARIANTS, o1_random_llama, random_talker
+
+    talker = random_talker("qwen3-tts-tiny", seed=0, device="cpu", dtype=torch.bfloat16)
+    layers = [*talker.model.layers, *talker.code_predictor.model.layers]
+    assert [id(b) for b in bench.repeated_blocks(talker)] == [id(b) for b in layers]
+    llama = o1_random_llama(LLAMA_VARIANTS["llama-tiny"], seed=0, device="cpu", dtype=torch.bfloat16)
+    with bench.regionally_compiled(llama, "eager") as count:
+        assert count == llama.config.num_hidden_layers
+        assert all(block._compiled_call_impl is not None for block in bench.repeated_blocks(llama))
+    assert all(block._compiled_call_impl is None for block in bench.repeated_blocks(llama))
+    with pytest.raises(ValueError, match="no repeated blocks"):
+        with bench.regionally_compiled(torch.nn.Linear(2, 2), "eager"):
+            pass
+
+
+def test_compile_scope_selects_the_columns(bench, tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["--device", "cpu", "--executor", "vm", "--llama-variants", "llama-tiny", "--qwen-preset", "none"]
+    args += ["--batches", "1", "--iters", "1", "--warmup", "3", "--compile-backend", "eager", "--context", "5"]
+    assert bench.main([*args, "--compile-scope", "regional", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["conventional_compiled"] == {"skipped": "--compile-scope regional"}
+    assert row["conventional_regional"]["ms"] > 0 and row["speedup_vs_conventional_regional"] > 0
+    with pytest.raises(SystemExit):
+        bench.parse_args([*args, "--compile-scope", "partial", "--out", str(out)])
 
 
 def test_benchmark_records_a_megakernel_error_and_goes_on(bench, tmp_path, monkeypatch):
@@ -309,3 +342,16 @@ def test_benchmark_smoke_on_the_gpu(bench, tmp_path):
     for row in json.loads(out.read_text())["rows"]:
         for name in ("megakernel_eager", "megakernel_graph", "conventional_eager", "conventional_graph"):
             assert row[name].get("ms", 0) > 0, (row["variant"], row["batch"], name, row[name])
+
+
+@pytest.mark.gpu
+@pytest.mark.requires_megakernel
+def test_regional_compile_is_captured_on_the_gpu(bench, tmp_path):
+    """Inductor-compiled decoder layers inside one captured CUDA graph of the conventional step (tiny models):
+    no graph break, no recompile inside the capture (it would fail the capture), a time."""
+    out = tmp_path / "bench.json"
+    args = ["--llama-variants", "llama-tiny-tied", "--qwen-preset", "qwen3-tts-tiny", "--batches", "1"]
+    assert bench.main([*args, "--iters", "5", "--compile-scope", "regional", "--out", str(out)]) == 0
+    for row in json.loads(out.read_text())["rows"]:
+        regional = row["conventional_regional"]
+        assert regional.get("ms", 0) > 0 and regional["captured"] and regional["graph_breaks"] == 0, regional
