@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tilevox.models.dac.config import DacConfig
+from tilevox.models.derived import derived
 
 __all__ = ["DacCodec", "decoder_reach_frames"]
 
@@ -27,9 +28,14 @@ _RESIDUAL_KERNEL = 7
 _EDGE_KERNEL = 7  # the decoder's first and last conv, the encoder's first
 
 
-def _snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """x + sin^2(alpha x) / alpha, per channel; the 1e-9 keeps a zero alpha finite. snake(0) = 0."""
-    return x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).square()
+def _snake(x: torch.Tensor, alpha: torch.Tensor, inv_alpha: torch.Tensor) -> torch.Tensor:
+    """x + sin^2(alpha x) / alpha, per channel; inv_alpha = 1 / (alpha + 1e-9) (the 1e-9 keeps a zero alpha
+    finite). snake(0) = 0."""
+    return torch.addcmul(x, inv_alpha, torch.sin(alpha * x).square())
+
+
+def _inverse_alpha(alpha: torch.Tensor) -> tuple[torch.Tensor]:
+    return ((alpha + 1e-9).reciprocal(),)
 
 
 def _zero_beyond(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -48,7 +54,8 @@ class Snake(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _snake(x, self.alpha)
+        (inv_alpha,) = derived(self, (self.alpha,), _inverse_alpha)  # computed once (models.derived)
+        return _snake(x, self.alpha, inv_alpha)
 
 
 class ResidualUnit(nn.Module):

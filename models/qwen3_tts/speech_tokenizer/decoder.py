@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tilevox.models.decoder_view import DecoderView, ModelFamily, layer_weights_of
+from tilevox.models.derived import derived
 from tilevox.models.layers import GatedMLP, RMSNorm
 from tilevox.models.qwen3_tts.speech_tokenizer.config import SpeechDecoderConfig
 
@@ -213,8 +214,16 @@ class CausalConvTranspose1d(nn.Module):
         return out + self.conv.bias[:, None] if self.conv.bias is not None else out
 
 
+def _snake_beta_factors(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e^alpha, 1 / (e^beta + 1e-9)) as (1, C, 1) columns, in the parameters' dtype."""
+    return torch.exp(alpha)[None, :, None], (1.0 / (torch.exp(beta) + 1e-9))[None, :, None]
+
+
 class SnakeBeta(nn.Module):
-    """y = x + sin(x * e^alpha)^2 / (e^beta + 1e-9), alpha and beta stored in log space per channel."""
+    """y = x + sin(x * e^alpha)^2 / (e^beta + 1e-9), alpha and beta stored in log space per channel.
+
+    The per-channel factors are computed once (models.derived) and the sum is one addcmul: 4 kernels a call
+    instead of 9, on the 29 activations of a codec frame."""
 
     def __init__(self, channels: int):
         super().__init__()
@@ -222,9 +231,8 @@ class SnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, T)
-        alpha = torch.exp(self.alpha)[None, :, None]
-        beta = torch.exp(self.beta)[None, :, None]
-        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+        alpha, inv_beta = derived(self, (self.alpha, self.beta), _snake_beta_factors)
+        return torch.addcmul(x, inv_beta, torch.sin(x * alpha).square())
 
     def step(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
         return self.forward(x)
