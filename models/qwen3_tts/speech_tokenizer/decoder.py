@@ -14,6 +14,7 @@ models.decoder_view.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,6 +58,9 @@ class DecoderState:
     ring_rows: None, or (B,) long: the rows of `keys` / `values` this state's rows use, when they are a pool's,
         shared rather than copied (`select(rows, rings=False)`); the transformer then reads and writes those
         rows in place.
+    flat: None, or (B, N): one buffer whose columns back every conv tail and transposed-conv overlap (each a view
+        of it, `SpeechTokenizerDecoder.new_state` makes them so), so that gathering or scattering a batch's
+        small state is one kernel instead of one per tensor (21 for the 12 Hz codec).
     """
 
     conv_tails: list[torch.Tensor]
@@ -65,6 +69,7 @@ class DecoderState:
     values: torch.Tensor
     positions: torch.Tensor
     ring_rows: torch.Tensor | None = None
+    flat: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -75,13 +80,21 @@ class DecoderState:
         return [(name, _BATCH_DIMS.get(name, 0), getattr(self, name)) for name in _FIELDS]
 
     def _map(self, fn, rings: bool) -> DecoderState:
-        """A new state of fn(tensor, batch_dim) of every tensor (rings=False: keys / values as they are)."""
+        """A new state of fn(tensor, batch_dim) of every tensor (rings=False: keys / values as they are); with a
+        flat buffer, fn of the buffer once and the new tails and overlaps as views of its result."""
         out = {}
         for name, dim, value in self._fields():
             if not rings and name in _RINGS:
                 out[name] = value
+            elif self.flat is not None and name in _SMALL:
+                continue
             else:
                 out[name] = [fn(t, dim) for t in value] if isinstance(value, list) else fn(value, dim)
+        if self.flat is not None:
+            out["flat"] = fn(self.flat, 0)
+            out["conv_tails"], out["trans_overlaps"] = _small_views(
+                out["flat"], [t.shape[1:] for t in self.conv_tails], [t.shape[1:] for t in self.trans_overlaps]
+            )
         return DecoderState(**out)
 
     def select(self, rows: Sequence[int] | torch.Tensor, *, rings: bool = True) -> DecoderState:
@@ -102,14 +115,16 @@ class DecoderState:
         index = torch.as_tensor(rows, dtype=torch.long, device=self.positions.device)
         if rings and other.ring_rows is not None:
             raise ValueError("put of a state that shares this one's rings: put(..., rings=False)")
-        for (mine, dim), (theirs, _) in zip(self._tensors(rings), other._tensors(rings), strict=True):
+        flat = self.flat is not None and other.flat is not None  # else view by view (index_copy_ writes through)
+        for (mine, dim), (theirs, _) in zip(self._tensors(rings, flat), other._tensors(rings, flat), strict=True):
             mine.index_copy_(dim, index, theirs)
 
-    def _tensors(self, rings: bool = True) -> list[tuple[torch.Tensor, int]]:
-        """Every tensor with its batch dim (rings=False: without keys / values)."""
-        out = []
+    def _tensors(self, rings: bool = True, flat: bool = False) -> list[tuple[torch.Tensor, int]]:
+        """Every tensor with its batch dim (rings=False: without keys / values; flat: the flat buffer in place of
+        the tails and overlaps it backs)."""
+        out = [(self.flat, 0)] if flat else []
         for name, dim, value in self._fields():
-            if rings or name not in _RINGS:
+            if (rings or name not in _RINGS) and not (flat and name in _SMALL):
                 out += [(t, dim) for t in value] if isinstance(value, list) else [(value, dim)]
         return out
 
@@ -120,19 +135,44 @@ class DecoderState:
             raise ValueError("cat needs at least one DecoderState")
         if any(s.ring_rows is not None for s in states):
             raise ValueError("cat of states that share another's rings (ring_rows set)")
+        flat = all(s.flat is not None for s in states)
         out = {}
         for name, dim, value in states[0]._fields():
+            if flat and name in _SMALL:
+                continue
             parts = [getattr(s, name) for s in states]
             if isinstance(value, list):
                 out[name] = [torch.cat([p[i] for p in parts], dim=dim) for i in range(len(value))]
             else:
                 out[name] = torch.cat(parts, dim=dim)
+        if flat:
+            first = states[0]
+            out["flat"] = torch.cat([s.flat for s in states], dim=0)
+            out["conv_tails"], out["trans_overlaps"] = _small_views(
+                out["flat"], [t.shape[1:] for t in first.conv_tails], [t.shape[1:] for t in first.trans_overlaps]
+            )
         return DecoderState(**out)
 
 
 _FIELDS = ("conv_tails", "trans_overlaps", "keys", "values", "positions")
 _RINGS = ("keys", "values")
+_SMALL = ("conv_tails", "trans_overlaps")  # backed by DecoderState.flat where it is set
 _BATCH_DIMS = dict.fromkeys(_RINGS, 1)  # (layers, B, ...): one tensor the region binds; the rest batch-first
+
+
+def _small_views(
+    flat: torch.Tensor, tail_shapes: Sequence[Sequence[int]], overlap_shapes: Sequence[Sequence[int]]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The conv tails and transposed-conv overlaps (B, C, k) of these shapes as views of consecutive columns of
+    `flat` (B, N)."""
+    views, offset = [], 0
+    for shape in (*tail_shapes, *overlap_shapes):
+        size = math.prod(shape)
+        views.append(flat[:, offset : offset + size].view(flat.shape[0], *shape))
+        offset += size
+    if offset != flat.shape[1]:
+        raise ValueError(f"the flat state has {flat.shape[1]} columns; its tails and overlaps need {offset}")
+    return views[: len(tail_shapes)], views[len(tail_shapes) :]
 
 
 @dataclass(slots=True)
@@ -174,9 +214,6 @@ class CausalConv1d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, T) -> (B, C', T)
         return self.conv(F.pad(x, (self.context, 0)))
 
-    def init_tail(self, batch_size: int, device, dtype) -> torch.Tensor:
-        return torch.zeros(batch_size, self.conv.in_channels, self.context, device=device, dtype=dtype)
-
     def step(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
         if self.context == 0:
             return self.conv(x)
@@ -198,9 +235,6 @@ class CausalConvTranspose1d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.conv(x)
         return y[..., : y.shape[-1] - self.overlap] if self.overlap > 0 else y
-
-    def init_overlap(self, batch_size: int, device, dtype) -> torch.Tensor:
-        return torch.zeros(batch_size, self.conv.out_channels, self.overlap, device=device, dtype=dtype)
 
     def step(self, x: torch.Tensor, state: DecoderState) -> torch.Tensor:
         num_out = x.shape[-1] * self.stride
@@ -602,12 +636,18 @@ class SpeechTokenizerDecoder(nn.Module):
         device, dtype = param.device, param.dtype
         cfg = self.config
         kv_shape = (len(self._attns), batch_size, cfg.num_key_value_heads, 2 * cfg.sliding_window, cfg.head_dim)
+        tail_shapes = [(m.conv.in_channels, m.context) for m in self._convs]
+        overlap_shapes = [(m.conv.out_channels, m.overlap) for m in self._trans]
+        columns = sum(math.prod(shape) for shape in (*tail_shapes, *overlap_shapes))
+        flat = torch.zeros(batch_size, columns, device=device, dtype=dtype)  # zeros: the causal padding
+        conv_tails, trans_overlaps = _small_views(flat, tail_shapes, overlap_shapes)
         return DecoderState(
-            conv_tails=[m.init_tail(batch_size, device, dtype) for m in self._convs],
-            trans_overlaps=[m.init_overlap(batch_size, device, dtype) for m in self._trans],
+            conv_tails=conv_tails,
+            trans_overlaps=trans_overlaps,
             keys=torch.zeros(kv_shape, device=device, dtype=dtype),
             values=torch.zeros(kv_shape, device=device, dtype=dtype),
             positions=torch.zeros(batch_size, dtype=torch.long, device=device),
+            flat=flat,
         )
 
     def decode_incremental(self, codes: torch.Tensor, state: DecoderState) -> torch.Tensor:

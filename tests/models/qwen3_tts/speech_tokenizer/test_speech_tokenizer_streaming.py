@@ -173,3 +173,51 @@ def test_bf16_decode_tracks_fp32():
     assert full.dtype == streamed.dtype == torch.bfloat16
     assert (full.float() - reference).abs().mean() < 0.03
     assert (streamed.float() - reference).abs().mean() < 0.03
+
+
+def test_small_state_is_one_flat_buffer_gathered_and_scattered_at_once(tiny):
+    """Every conv tail and overlap of a state is a view of its flat buffer, so a pool's select / put of a batch
+    (rings left in place) is one index kernel for them and one for the positions; a state without the buffer (built
+    by hand) still puts view by view, and cat keeps the buffer."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    _, decoder, _, _ = tiny
+    pool = decoder.new_state(5)
+    assert pool.flat is not None and pool.flat.shape[0] == 5
+    for t in (*pool.conv_tails, *pool.trans_overlaps):
+        assert t.untyped_storage().data_ptr() == pool.flat.untyped_storage().data_ptr()
+    assert sum(t[0].numel() for t in (*pool.conv_tails, *pool.trans_overlaps)) == pool.flat.shape[1]
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    rows = torch.tensor([3, 0])
+    with Ops() as ops:
+        picked = pool.select(rows, rings=False)
+    assert ops.names.count("index_select") == 2  # the flat buffer and the positions
+    for t in (*picked.conv_tails, *picked.trans_overlaps):  # the selected state's views are of its own buffer
+        assert t.untyped_storage().data_ptr() == picked.flat.untyped_storage().data_ptr()
+    picked.flat.normal_()
+    with Ops() as ops:
+        pool.put(rows, picked, rings=False)
+    assert ops.names.count("index_copy_") == 2
+    assert torch.equal(pool.conv_tails[0][3], picked.conv_tails[0][0])
+    assert torch.equal(pool.trans_overlaps[-1][0], picked.trans_overlaps[-1][1])
+
+    by_hand = DecoderState(  # no flat buffer: tensors of its own
+        conv_tails=[torch.randn_like(t[:2]) for t in pool.conv_tails],
+        trans_overlaps=[torch.randn_like(t[:2]) for t in pool.trans_overlaps],
+        keys=pool.keys[:, :2].clone(),
+        values=pool.values[:, :2].clone(),
+        positions=torch.tensor([7, 9]),
+    )
+    pool.put(torch.tensor([1, 4]), by_hand)
+    assert torch.equal(pool.conv_tails[2][4], by_hand.conv_tails[2][1]) and pool.positions[[1, 4]].tolist() == [7, 9]
+    both = DecoderState.cat([decoder.new_state(1), pool.select([1, 4])])
+    assert both.flat.shape == (3, pool.flat.shape[1]) and torch.equal(both.conv_tails[2][2], by_hand.conv_tails[2][1])
