@@ -1,8 +1,8 @@
 """Tensors derived from a module's parameters, computed once and reused until a parameter changes.
 
 An activation such as Qwen3-TTS's SnakeBeta (x + sin(x e^alpha)^2 / (e^beta + 1e-9)) or DAC's Snake recomputed its
-per-channel factors (exp, add, reciprocal: one small kernel each) on every call, about a third of a codec frame's
-kernels. `derived(owner, params, compute)` returns compute(*params), cached on `owner` and recomputed when any of
+per-channel factors (exp, add, reciprocal: one small kernel each) on every call, and the codec's RVQ its whole
+codebook tables. `derived(owner, params, compute)` returns compute(*params), cached on `owner` and recomputed when any of
 `params` is written in place (its version counter), moved or re-created (its storage, dtype, device): a loader's
 `copy_`, `.to()`, `load_state_dict` all invalidate it. Under torch.compile it simply computes (no Python-side
 cache inside a traced graph). Under CUDA-graph capture a call that would compute is an error instead: the first
