@@ -181,11 +181,12 @@ class CacheView:
         offsets = self.write_offset + torch.arange(num_new, device=self.start.device)
         return offsets[None].expand(self.start.shape[0], num_new)
 
-    def mask(self, num_new: int) -> torch.Tensor:
-        """(B, 1, T, kv_len) bool: key j is visible to new token t of row b iff j <= start[b] + t."""
+    def hidden_keys(self, num_new: int) -> torch.Tensor:
+        """(B, 1, T, kv_len) bool: key j is hidden from new token t of row b iff j > start[b] + t (the attention
+        mask as masked_fill takes it, made once per forward rather than inverted in every layer)."""
         key_pos = torch.arange(self.kv_len, device=self.start.device)
         query_pos = self.start[:, None] + torch.arange(num_new, device=self.start.device)  # (B, T)
-        return (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]
+        return (key_pos[None, None, :] > query_pos[:, :, None])[:, None]
 
 
 class Attention(nn.Module):
@@ -200,7 +201,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, view: CacheView, layer_idx: int, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x, cos, sin, view: CacheView, layer_idx: int, hidden: torch.Tensor | None) -> torch.Tensor:
         b, t, _ = x.shape
         d = self.config.head_dim
         q = self.q_norm(self.q_proj(x).view(b, t, -1, d)).transpose(1, 2)  # (B, H, T, D)
@@ -224,8 +225,8 @@ class Attention(nn.Module):
         heads = q.shape[1]
         grouped = q.reshape(b, num_kv, (heads // num_kv) * t, d)
         scores = (torch.matmul(grouped, keys.transpose(2, 3)) * d**-0.5).view(b, heads, t, -1)  # (B, H, T, kv_len)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
+        if hidden is not None:
+            scores = scores.masked_fill(hidden, float("-inf"))
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(probs.view(b, num_kv, -1, probs.shape[-1]), values)  # (B, KV, rep*T, D)
         out = out.view(b, heads, t, d).transpose(1, 2).reshape(b, t, -1)  # (B, T, H*D)
@@ -240,8 +241,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, view: CacheView, layer_idx: int, mask) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, view, layer_idx, mask)
+    def forward(self, x, cos, sin, view: CacheView, layer_idx: int, hidden) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, view, layer_idx, hidden)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -311,7 +312,7 @@ class DecoderStack(nn.Module):
         positions = view.start[:, None] + torch.arange(num_new, device=x.device)  # (B, T)
         cos, sin = self._rope(positions, x.dtype)
         # Always masked: rows sit at different positions, and kv_len is static under CUDA graphs.
-        mask = view.mask(num_new)
+        hidden = view.hidden_keys(num_new)
         for layer_idx, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, view, layer_idx, mask)
+            x = layer(x, cos, sin, view, layer_idx, hidden)
         return self.norm(x)
