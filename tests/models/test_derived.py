@@ -83,3 +83,27 @@ def test_dac_snake_equals_its_formula():
     expected = x.double() + torch.sin(a * x.double()) ** 2 / (a + 1e-9)
     for _ in range(2):
         torch.testing.assert_close(act(x).double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_a_capture_uses_the_cache_and_refuses_to_fill_it():
+    """On a GPU: captured after one eager call, a SnakeBeta replays from the cached factors (and equals the eager
+    call); captured cold, it raises instead of allocating the factors inside the graph."""
+    device = torch.device("cuda")
+    act = SnakeBeta(8).to(device)
+    with torch.no_grad():
+        act.alpha.copy_(torch.randn(8, device=device))
+    x = torch.randn(2, 8, 5, device=device)
+    expected = act(x)  # the eager call fills the cache
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = act(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, expected)
+    cold = SnakeBeta(8).to(device)
+    with pytest.raises(RuntimeError, match="inside a CUDA-graph capture"):
+        with torch.cuda.stream(stream), torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+            cold(x)
