@@ -242,7 +242,7 @@ class CausalConvTranspose1d(nn.Module):
             return self.conv(x)
         # Without bias, so that carried partial sums get the bias exactly once when emitted.
         y = F.conv_transpose1d(x, self.conv.weight, None, stride=self.stride)  # (B, C', n*s + overlap)
-        y = torch.cat([y[..., : self.overlap] + state.trans_overlaps[self.slot], y[..., self.overlap :]], dim=-1)
+        y[..., : self.overlap].add_(state.trans_overlaps[self.slot])  # in place: y is this call's own tensor
         state.trans_overlaps[self.slot].copy_(y[..., num_out:])
         out = y[..., :num_out]
         return out + self.conv.bias[:, None] if self.conv.bias is not None else out
