@@ -375,14 +375,14 @@ class Attention(nn.Module):
         k = k * cos + _rotate_half(k) * sin
         return q, k, v
 
-    def _attend(self, q, k, v, allowed: torch.Tensor) -> torch.Tensor:
-        """q (B, H, n, D), k/v (B, Hkv, m, D), allowed (B, n, m) bool -> (B, n, H*D)."""
+    def _attend(self, q, k, v, hidden: torch.Tensor) -> torch.Tensor:
+        """q (B, H, n, D), k/v (B, Hkv, m, D), hidden (B, n, m) bool (True: key not attended) -> (B, n, H*D)."""
         groups = self.num_heads // self.num_kv_heads
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
         scores = torch.matmul(q, k.transpose(2, 3)) * self.head_dim**-0.5  # (B, H, n, m)
-        scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+        scores = scores.masked_fill(hidden[:, None], float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(probs, v)  # (B, H, n, D)
         b, _, n, _ = out.shape
@@ -393,8 +393,8 @@ class Attention(nn.Module):
         n = x.shape[1]
         idx = torch.arange(n, device=x.device)
         delta = idx[:, None] - idx[None, :]  # query pos - key pos
-        allowed = ((delta >= 0) & (delta < self.window))[None].expand(x.shape[0], n, n)
-        return self.o_proj(self._attend(q, k, v, allowed))
+        hidden = ((delta < 0) | (delta >= self.window))[None].expand(x.shape[0], n, n)
+        return self.o_proj(self._attend(q, k, v, hidden))
 
     def step(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: DecoderState, ring: RingStep
@@ -408,7 +408,7 @@ class Attention(nn.Module):
         past_v = ring_v[:, :, : self.window] if rows is None else ring_v[rows, :, : self.window]
         k = torch.cat([past_k, k_new], dim=2)  # (B, Hkv, W + n, D): keys in any order, masked by position
         v = torch.cat([past_v, v_new], dim=2)
-        out = self.o_proj(self._attend(q, k, v, ring.allowed))
+        out = self.o_proj(self._attend(q, k, v, ring.hidden))
         m = ring.write_index.shape[1] // 2
         for held, new in ((ring_k, k_new), (ring_v, v_new)):
             new = new[:, :, -m:].repeat(1, 1, 2, 1)  # (B, Hkv, 2m, D): both copies
@@ -424,12 +424,13 @@ class Attention(nn.Module):
 class RingStep:
     """What every layer's `Attention.step` of n new frames shares (computed once per step).
 
-    allowed: (B, n, W + n) bool, query i (frame start + i) against the ring's first W slots (slot s holds the
-        latest frame p < start with p % W == s; none yet where that p < 0) and the n new frames.
+    hidden: (B, n, W + n) bool, True where query i (frame start + i) does not attend a key: the ring's first W
+        slots (slot s holds the latest frame p < start with p % W == s; none yet where that p < 0), then the n
+        new frames (made once per step, not inverted in every layer).
     write_index: (B, 2m) long, ring slots of the last m = min(n, W) new frames, both copies.
     """
 
-    allowed: torch.Tensor
+    hidden: torch.Tensor
     write_index: torch.Tensor
 
     @staticmethod
@@ -440,9 +441,9 @@ class RingStep:
         new = start + torch.arange(n, device=positions.device)  # (B, n)
         k_pos = torch.cat([held, new], dim=1)[:, None, :]  # (B, 1, W + n)
         delta = new[:, :, None] - k_pos
-        allowed = (delta >= 0) & (delta < window) & (k_pos >= 0)
+        hidden = (delta < 0) | (delta >= window) | (k_pos < 0)
         written = torch.remainder(new[:, n - min(n, window) :], window)
-        return RingStep(allowed=allowed, write_index=torch.cat([written, written + window], dim=1))
+        return RingStep(hidden=hidden, write_index=torch.cat([written, written + window], dim=1))
 
 
 class TransformerLayer(nn.Module):
