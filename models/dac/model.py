@@ -38,14 +38,16 @@ def _inverse_alpha(alpha: torch.Tensor) -> tuple[torch.Tensor]:
     return ((alpha + 1e-9).reciprocal(),)
 
 
-def _zero_beyond(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Zero the positions past each row's length (mask (B, 1, T) bool), as a shorter input's zero
+def _zero_beyond(x: torch.Tensor, beyond: torch.Tensor | None) -> torch.Tensor:
+    """Zero the positions past each row's length (beyond (B, 1, T) bool, True there), as a shorter input's zero
     padding would see them."""
-    return x if mask is None else x.masked_fill(~mask, 0.0)
+    return x if beyond is None else x.masked_fill(beyond, 0.0)
 
 
-def _length_mask(lengths: torch.Tensor, size: int) -> torch.Tensor:
-    return (torch.arange(size, device=lengths.device) < lengths[:, None])[:, None, :]
+def _beyond_mask(lengths: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, 1, size) bool: True at positions past each row's length (made once per resolution, so that no layer
+    inverts a validity mask again: 32 kernels of a DAC window's decode)."""
+    return (torch.arange(size, device=lengths.device) >= lengths[:, None])[:, None, :]
 
 
 class Snake(nn.Module):
@@ -69,9 +71,9 @@ class ResidualUnit(nn.Module):
         self.snake2 = Snake(channels, **factory)
         self.conv2 = nn.Conv1d(channels, channels, 1, **factory)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = _zero_beyond(self.conv1(self.snake1(x)), mask)
-        return x + _zero_beyond(self.conv2(self.snake2(h)), mask)
+    def forward(self, x: torch.Tensor, beyond: torch.Tensor | None = None) -> torch.Tensor:
+        h = _zero_beyond(self.conv1(self.snake1(x)), beyond)
+        return x + _zero_beyond(self.conv2(self.snake2(h)), beyond)
 
 
 def _residual_units(channels: int, **factory) -> list[ResidualUnit]:
@@ -108,10 +110,10 @@ class DecoderBlock(nn.Module):
         )
         self.res_unit1, self.res_unit2, self.res_unit3 = _residual_units(out_channels, **factory)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = _zero_beyond(self.conv_t1(self.snake1(x)), mask)
+    def forward(self, x: torch.Tensor, beyond: torch.Tensor | None = None) -> torch.Tensor:
+        x = _zero_beyond(self.conv_t1(self.snake1(x)), beyond)
         for unit in (self.res_unit1, self.res_unit2, self.res_unit3):
-            x = unit(x, mask)
+            x = unit(x, beyond)
         return x
 
 
@@ -147,14 +149,14 @@ class Decoder(nn.Module):
 
     def forward(self, latent: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """(B, hidden, T) -> (B, T * hop); with `lengths` (B,) each row is decoded as if it ended there."""
-        mask = None if lengths is None else _length_mask(lengths, latent.shape[-1])
-        x = _zero_beyond(self.conv1(_zero_beyond(latent, mask)), mask)
+        beyond = None if lengths is None else _beyond_mask(lengths, latent.shape[-1])
+        x = _zero_beyond(self.conv1(_zero_beyond(latent, beyond)), beyond)
         scale = 1
         for block in self.block:
             scale *= block.stride
-            mask = None if lengths is None else _length_mask(lengths * scale, x.shape[-1] * block.stride)
-            x = block(x, mask)
-        return _zero_beyond(torch.tanh(self.conv2(self.snake1(x))), mask)[:, 0]
+            beyond = None if lengths is None else _beyond_mask(lengths * scale, x.shape[-1] * block.stride)
+            x = block(x, beyond)
+        return _zero_beyond(torch.tanh(self.conv2(self.snake1(x))), beyond)[:, 0]
 
 
 class FactorizedCodebook(nn.Module):
@@ -258,8 +260,7 @@ class DacCodec(nn.Module):
         self._check_codes(codes)
         if lengths.shape != (codes.shape[0],):
             raise ValueError(f"lengths must have shape ({codes.shape[0]},), got {tuple(lengths.shape)}")
-        valid = _length_mask(lengths, codes.shape[-1])  # (B, 1, T)
-        latent = self.codes_to_latent(codes.masked_fill(~valid, 0))
+        latent = self.codes_to_latent(codes.masked_fill(_beyond_mask(lengths, codes.shape[-1]), 0))
         return self.decoder(latent, lengths)
 
     def _check_codes(self, codes: torch.Tensor) -> None:
