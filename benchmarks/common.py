@@ -14,7 +14,19 @@ from tilevox.server.bench import (  # `tilevox serve` as a subprocess, as `tilev
     free_port,
 )
 
-__all__ = ["REPO", "RESULTS", "ServerProcess", "commit", "device_name", "free_port", "utc_now"]
+__all__ = [
+    "REPO",
+    "RESULTS",
+    "ServerProcess",
+    "add_executor_args",
+    "add_tiling_args",
+    "apply_executor_args",
+    "apply_tiling_args",
+    "commit",
+    "device_name",
+    "free_port",
+    "utc_now",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -55,6 +67,30 @@ def device_name(device: str) -> str:
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def add_executor_args(parser) -> None:
+    """--device / --executor / --num-sms of the megakernel benchmarks (see apply_executor_args)."""
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--executor", default="cuda", choices=["cuda", "vm"])
+    parser.add_argument("--num-sms", type=int, default=None, help="queues (default: the GPU's SMs; 8 on CPU)")
+
+
+def apply_executor_args(parser, args) -> None:
+    """Checks add_executor_args' flags (parser.error on a bad combination) and resolves them in place: args.device a
+    torch.device with an explicit index (the megakernel binding compares devices, and cuda != cuda:0), args.num_sms
+    the GPU's SM count unless given (8 on CPU)."""
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but no CUDA GPU is visible")
+    args.device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    if args.executor == "cuda" and args.device.type != "cuda":
+        parser.error("--executor cuda needs --device cuda")
+    if args.num_sms is None:
+        args.num_sms = (
+            torch.cuda.get_device_properties(args.device).multi_processor_count if args.device.type == "cuda" else 8
+        )
 
 
 def add_tiling_args(parser) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import add_tiling_args, apply_tiling_args
+from benchmarks.common import add_executor_args, add_tiling_args, apply_executor_args, apply_tiling_args
 from benchmarks.megakernel_conventional import LLAMA_VARIANTS, fp32_twin, o1_random_llama
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
 from tilevox.executor.megakernel_inputs import llama_decode_inputs, sampling_inputs
@@ -130,7 +130,7 @@ class _Batch:
     launcher: Launcher
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -247,7 +247,7 @@ def _run_cell(model, ref_model, b: _Batch, context: int, args, tol: Tolerance, g
     mk_tok_in, mk_pos_in = b.launcher.tensors["tokens"], b.launcher.tensors["positions"]
     rows = []
     mk_s = ref_s = 0.0
-    _sync(device)
+    sync(device)
     for step in range(args.steps):
         num_keys = max(lengths) + step + 1
         t0 = time.perf_counter()
@@ -256,7 +256,7 @@ def _run_cell(model, ref_model, b: _Batch, context: int, args, tol: Tolerance, g
         b.launcher.launch()
         mk_logits = b.launcher.tensors["s0.logits"].float()
         mk_tokens = b.launcher.tensors["s0.tokens"].clone()
-        _sync(device)
+        sync(device)
         t1 = time.perf_counter()
         ref = _logits(ref_model, b.ref_cache, tokens, b.slots_t, positions, num_keys)
         base = None
@@ -265,7 +265,7 @@ def _run_cell(model, ref_model, b: _Batch, context: int, args, tol: Tolerance, g
         rows.append(step_stats(mk_logits, mk_tokens, ref, base, tol))
         tokens = ref.argmax(-1)  # teacher forcing: both paths see the reference's token next
         positions = positions + 1
-        _sync(device)
+        sync(device)
         mk_s += t1 - t0
         ref_s += time.perf_counter() - t1
     b.launcher.check_error()
@@ -569,8 +569,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="JSON output path")
     parser.add_argument("--commit", default="unknown", help="git commit recorded in the JSON")
     parser.add_argument("--variant", default="llama-1b", choices=sorted(LLAMA_VARIANTS))
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--executor", default="cuda", choices=["cuda", "vm"])
+    add_executor_args(parser)
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -593,7 +592,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-bf16-baseline", action="store_true", help="skip the conventional bf16 step's error (reported for scale)"
     )
-    parser.add_argument("--num-sms", type=int, default=None, help="queues (default: the GPU's SMs; 8 on CPU)")
     parser.add_argument("--seed", type=int, default=0)
     add_tiling_args(parser)
     args = parser.parse_args(argv)
@@ -605,16 +603,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--batches, --contexts, --steps and --check-steps must be >= 1")
     if args.check_context > max(args.contexts):
         parser.error(f"--check-context {args.check_context} exceeds the largest context {max(args.contexts)}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda but no CUDA GPU is visible")
-    # An explicit index: the megakernel binding compares devices, and cuda != cuda:0.
-    args.device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
-    if args.executor == "cuda" and args.device.type != "cuda":
-        parser.error("--executor cuda needs --device cuda")
-    if args.num_sms is None:
-        args.num_sms = (
-            torch.cuda.get_device_properties(args.device).multi_processor_count if args.device.type == "cuda" else 8
-        )
+    apply_executor_args(parser, args)
     return args
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import add_tiling_args, apply_tiling_args
+from benchmarks.common import add_executor_args, add_tiling_args, apply_executor_args, apply_tiling_args
 from benchmarks.megakernel_conventional import random_talker
 from benchmarks.megakernel_correctness import (
     DEFAULT_ATOL,
@@ -52,6 +52,7 @@ from benchmarks.megakernel_correctness import (
     ints,
     step_stats,
     summarize_steps,
+    sync,
 )
 from tilevox.engine_builder.regions import RegionSpec, TilingConfig, compile_region
 from tilevox.engine_builder.regions.spec import region_spec
@@ -62,11 +63,6 @@ from tilevox.models.region_backends import TALKER_STEP
 from tilevox.models.sampling import SamplingParams
 
 PARTS = ("talker", "predictor", "codec")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _greedy(batch: int) -> dict[str, torch.Tensor]:
@@ -132,14 +128,14 @@ def talker_cell(talker, ref, batch: int, context: int, args, tol: Tolerance, gen
     rows, mk_s = [], 0.0
     for step in range(args.steps):
         x = talker.embed_codec(codes) + text_row  # bf16, the region's input; the reference gets its values in fp32
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         launcher.tensors["x_in"].copy_(x)
         launcher.tensors["positions"].copy_(positions)
         launcher.launch()
         mk_logits = launcher.tensors["s0.logits"].float()
         mk_tokens = launcher.tensors["s0.tokens"].clone()
-        _sync(device)
+        sync(device)
         mk_s += time.perf_counter() - t0
         kv_len = max(lengths) + step + 1
         _, ref_logits = ref.forward_tokens(x[:, None].float(), CacheView(ref_cache, slots, positions, kv_len))
@@ -192,14 +188,14 @@ def predictor_cell(talker, ref, batch: int, args, tol: Tolerance, gen: torch.Gen
         hidden = torch.randn(batch, hidden_size, generator=gen, device=device).to(torch.bfloat16)
         code0 = torch.randint(0, talker.config.num_audio_codes, (batch,), generator=gen, device=device)
         code0_embedding = talker.embed_codec(code0)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         launcher.tensors["hidden"].copy_(hidden)
         launcher.tensors["code0_embedding"].copy_(code0_embedding)
         launcher.launch()
         mk_logits = [launcher.tensors[f"s{h + 1}.logits"].float() for h in range(heads)]
         mk_tokens = [launcher.tensors[f"s{h + 1}.tokens"].clone() for h in range(heads)]
-        _sync(device)
+        sync(device)
         mk_s += time.perf_counter() - t0
 
         ref_logits: list[torch.Tensor] = []
@@ -279,13 +275,13 @@ def codec_cell(decoder, ref, batch: int, context: int, args, tol: Tolerance, gen
     diffs, scales, bounds, base_diffs, mk_s = [], [], [], [], 0.0
     for step in range(args.steps):
         x = torch.randn(batch, latent, generator=gen, device=device).to(torch.bfloat16)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         launcher.tensors["x_in"].copy_(x)
         launcher.tensors["positions"].copy_(positions + step)
         launcher.launch()
         out = launcher.tensors["x_out"].float()
-        _sync(device)
+        sync(device)
         mk_s += time.perf_counter() - t0
         expected = ref(x[:, None].float(), ref_state)[:, 0].float()
         ref_state.positions.add_(1)
@@ -470,8 +466,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", default="qwen3-tts-0.6b", help="talker preset (models.qwen3_tts.presets)")
     parser.add_argument("--codec-preset", default="12hz", choices=sorted(PRESETS))
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--executor", default="cuda", choices=["cuda", "vm"])
+    add_executor_args(parser)
     parser.add_argument("--batches", type=ints, default=FULL_BATCHES, help=f"default {FULL_BATCHES}")
     parser.add_argument(
         "--contexts", type=ints, default=FULL_CONTEXTS, help=f"talker and codec contexts, default {FULL_CONTEXTS}"
@@ -482,7 +477,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL)
     parser.add_argument("--bf16-factor", type=float, default=DEFAULT_BF16_FACTOR)
     parser.add_argument("--no-bf16-baseline", action="store_true", help="skip the conventional bf16 baseline")
-    parser.add_argument("--num-sms", type=int, default=None, help="queues (default: the GPU's SMs; 8 on CPU)")
     parser.add_argument("--seed", type=int, default=0)
     add_tiling_args(parser)
     args = parser.parse_args(argv)
@@ -493,15 +487,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--parts must name some of {', '.join(PARTS)}; got {unknown or 'none'}")
     if min(args.batches) < 1 or min(args.contexts) < 1 or args.steps < 1 or args.frames < 1:
         parser.error("--batches, --contexts, --steps and --frames must be >= 1")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda but no CUDA GPU is visible")
-    args.device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
-    if args.executor == "cuda" and args.device.type != "cuda":
-        parser.error("--executor cuda needs --device cuda")
-    if args.num_sms is None:
-        args.num_sms = (
-            torch.cuda.get_device_properties(args.device).multi_processor_count if args.device.type == "cuda" else 8
-        )
+    apply_executor_args(parser, args)
     return args
 
 

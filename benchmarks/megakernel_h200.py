@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import add_tiling_args, apply_tiling_args
+from benchmarks.common import add_executor_args, add_tiling_args, apply_executor_args, apply_tiling_args
 from benchmarks.megakernel_conventional import (
     LLAMA_VARIANTS,
     ConventionalLlamaStep,
@@ -92,15 +92,11 @@ class Timer:
     ) -> dict:
         """torch.compile(fn, mode="reduce-overhead", fullgraph=True): wall-clock of the first call (the
         compile), then the timing; Dynamo/Inductor counters show whether CUDA graphs were skipped."""
-        args = self.args
-        if args.no_compile or "whole" not in args.compile_scope:
-            return {"skipped": "--no-compile" if args.no_compile else f"--compile-scope {','.join(args.compile_scope)}"}
-        if args.compile_batches is not None and batch not in args.compile_batches:
-            return {"skipped": f"batch {batch} not in --compile-batches"}
+        skipped = self._skipped("whole", batch)
+        if skipped is not None:
+            return skipped
         from torch._dynamo.utils import counters
 
-        torch._dynamo.reset()  # a fresh cache per row: no recompile limit across rows
-        counters.clear()
         # Inductor logs why it skips CUDA graphs (e.g. a mutated non-static input) on the "cudagraphs"
         # artifact logger of torch._inductor.cudagraph_utils (on CPU it only counts the skip).
         torch._logging.set_logs(cudagraphs=True)
@@ -129,6 +125,31 @@ class Timer:
             torch.compiler.cudagraph_mark_step_begin()
             compiled_fn()
 
+        compile_s = self._first_call(call, before)
+        if isinstance(compile_s, dict):
+            return compile_s
+        print(f"    torch.compile ({args.compile_backend}, {mode}) first call: {compile_s:.1f} s", flush=True)
+        result = self.time(call, before)
+        result["compile_wall_s"] = compile_s
+        return result
+
+    def _skipped(self, scope: str, batch: int) -> dict | None:
+        """Why a compiled column (`scope`: whole, regional) is not run for this batch, or None; when it is run,
+        Dynamo starts from a fresh cache and counters (no recompile limit across rows)."""
+        args = self.args
+        if args.no_compile or scope not in args.compile_scope:
+            return {"skipped": "--no-compile" if args.no_compile else f"--compile-scope {','.join(args.compile_scope)}"}
+        if args.compile_batches is not None and batch not in args.compile_batches:
+            return {"skipped": f"batch {batch} not in --compile-batches"}
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()
+        counters.clear()
+        return None
+
+    def _first_call(self, call: Callable[[], None], before: Callable[[], object] | None) -> float | dict:
+        """The wall-clock seconds of call()'s first run (its compiles), or the error entry when it fails (a graph
+        break under fullgraph, a compile error)."""
         t0 = time.perf_counter()
         try:
             if before is not None:
@@ -138,11 +159,7 @@ class Timer:
         except Exception as exc:  # noqa: BLE001 - a graph break (fullgraph) or a compile error: report it
             _sync_quietly(self.device)
             return {"error": f"compile failed: {_error(exc)}", "compile_wall_s": time.perf_counter() - t0}
-        compile_s = time.perf_counter() - t0
-        print(f"    torch.compile ({args.compile_backend}, {mode}) first call: {compile_s:.1f} s", flush=True)
-        result = self.time(call, before)
-        result["compile_wall_s"] = compile_s
-        return result
+        return time.perf_counter() - t0
 
     def regional(
         self, fn: Callable[[], None], module: torch.nn.Module, batch: int, before: Callable[[], object] | None = None
@@ -150,26 +167,16 @@ class Timer:
         """`fn` with `module`'s repeated blocks compiled in place (`regionally_compiled`; Inductor's default mode,
         fullgraph), captured in one CUDA graph (timed eagerly on CPU): wall-clock of the first call (the
         compiles), then the timing. The blocks are restored afterwards."""
-        args = self.args
-        if args.no_compile or "regional" not in args.compile_scope:
-            return {"skipped": "--no-compile" if args.no_compile else f"--compile-scope {','.join(args.compile_scope)}"}
-        if args.compile_batches is not None and batch not in args.compile_batches:
-            return {"skipped": f"batch {batch} not in --compile-batches"}
+        skipped = self._skipped("regional", batch)
+        if skipped is not None:
+            return skipped
         from torch._dynamo.utils import counters
 
-        torch._dynamo.reset()
-        counters.clear()
+        args = self.args
         with regionally_compiled(module, args.compile_backend) as blocks:
-            t0 = time.perf_counter()
-            try:
-                if before is not None:
-                    before()
-                fn()  # every block's compile (a later call with other shapes recompiles: counted below)
-                _sync(self.device)
-            except Exception as exc:  # noqa: BLE001 - a graph break (fullgraph) or a compile error: report it
-                _sync_quietly(self.device)
-                return {"error": f"compile failed: {_error(exc)}", "compile_wall_s": time.perf_counter() - t0}
-            compile_s = time.perf_counter() - t0
+            compile_s = self._first_call(fn, before)  # every block's compile (a recompile later is counted below)
+            if isinstance(compile_s, dict):
+                return compile_s
             print(f"    regional compile ({args.compile_backend}) of {blocks} blocks: {compile_s:.1f} s", flush=True)
             result = self.graph(fn, before) if self.device.type == "cuda" else self.time(fn, before)
         if "ms" in result:
@@ -550,8 +557,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON output path (rewritten after every row)")
     parser.add_argument("--commit", default="unknown", help="git commit recorded in the JSON")
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--executor", default="cuda", choices=["cuda", "vm"])
+    add_executor_args(parser)
     parser.add_argument("--batches", type=_ints, default=(1, 8, 32))
     parser.add_argument(
         "--llama-variants", default="llama-3.2-1b,llama-1b", help=f"comma list of {sorted(LLAMA_VARIANTS)}, or 'none'"
@@ -581,15 +587,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="inductor",
         help="inductor (with mode reduce-overhead); eager/aot_eager check tracing only",
     )
-    parser.add_argument("--num-sms", type=int, default=None, help="queues (default: the GPU's SMs; 8 on CPU)")
     add_tiling_args(parser)
     args = parser.parse_args(argv)
     global TILING
     TILING = apply_tiling_args(TILING, args)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda but no CUDA GPU is visible")
-    # An explicit index: the megakernel binding compares devices, and cuda != cuda:0.
-    args.device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     if min(args.batches) < 1 or args.iters < 1 or args.context < 1 or args.qwen_context < 1 or args.headroom < 1:
         parser.error("--batches, --iters, --context, --qwen-context and --headroom must be >= 1")
     if args.warmup < 3:
@@ -601,12 +602,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     unknown = [v for v in args.llama_variants if v not in LLAMA_VARIANTS]
     if unknown:
         parser.error(f"unknown --llama-variants {unknown}; known: {sorted(LLAMA_VARIANTS)}")
-    if args.executor == "cuda" and args.device.type != "cuda":
-        parser.error("--executor cuda needs --device cuda")
-    if args.num_sms is None:
-        args.num_sms = (
-            torch.cuda.get_device_properties(args.device).multi_processor_count if args.device.type == "cuda" else 8
-        )
+    apply_executor_args(parser, args)
     return args
 
 
