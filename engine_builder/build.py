@@ -102,6 +102,7 @@ class BuildResult:
     anchor_ms: dict[int, float]  # batch -> ms of a whole step on the first conventional backend (unsynced regions)
     ranked: dict[int, list[dict]]  # batch -> every candidate's prediction (and measurement), best first
     unavailable: dict[str, str]  # backend -> why it was not profiled
+    anchor_times_ms: dict[int, list[float]] = dataclasses.field(default_factory=dict)  # batch -> each timed step
 
 
 def install_composition(model, composition: Composition, megakernel: BackendOptions, made: dict) -> None:
@@ -183,6 +184,7 @@ def build_plan(
     # as its anchor, every other one as the anchor plus the difference of its priced regions. The same on every
     # candidate, so it shifts predictions, not ranks.
     anchor_ms: dict[int, float] = {}
+    anchor_times_ms: dict[int, list[float]] = {}  # each timed step of the anchor, for the report
     # The other executor regions (sampling, prefill) as served; the searched ones are installed per pass.
     install_graph_regions(model, [n for n in executor_region_names(model) if n not in on_executor])
     for backend in backends:
@@ -250,8 +252,11 @@ def build_plan(
                 hit = cached_anchor[batch]
                 if hit is not None:
                     anchor_ms[batch] = hit["step"]
+                    anchor_times_ms[batch] = []  # the cache keeps means only
                 else:
-                    anchor_ms[batch] = step_time_ms(model, batch, warmup=warmup, steps=steps)
+                    times_ms: list[float] = []
+                    anchor_ms[batch] = step_time_ms(model, batch, warmup=warmup, steps=steps, record=times_ms)
+                    anchor_times_ms[batch] = times_ms
                     if cache is not None:
                         what = {"backend": backend.value, "batch": batch, "warmup": warmup, "steps": steps}
                         cache.put("anchor", {"step": anchor_ms[batch]}, **what)
@@ -313,13 +318,15 @@ def build_plan(
                 what.update(mk_key if runs_mk else {})
                 hit = cache.get("step", **what) if cache is not None else None
                 if hit is not None:
-                    step_ms = hit["step"]
+                    step_ms, times_ms = hit["step"], []  # the cache keeps means only
                 else:
                     install_composition(model, candidate.composition, megakernel, made)
-                    step_ms = step_time_ms(model, batch, warmup=warmup, steps=steps)
+                    times_ms = []
+                    step_ms = step_time_ms(model, batch, warmup=warmup, steps=steps, record=times_ms)
                     if cache is not None:
                         cache.put("step", {"step": step_ms}, **what)
                 row["measured_step_ms"] = step_ms
+                row["measured_step_times_ms"] = times_ms
                 row["prediction_error"] = row["predicted_step_ms"] / step_ms - 1.0
                 measured_steps.append(step_ms)
             fastest = min(range(len(top)), key=measured_steps.__getitem__)
@@ -338,7 +345,12 @@ def build_plan(
     )
     plan.validate()
     return BuildResult(
-        plan=plan, measured_ms=measured, anchor_ms=anchor_ms, ranked=ranked_report, unavailable=unavailable
+        plan=plan,
+        measured_ms=measured,
+        anchor_ms=anchor_ms,
+        anchor_times_ms=anchor_times_ms,
+        ranked=ranked_report,
+        unavailable=unavailable,
     )
 
 

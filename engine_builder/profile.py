@@ -164,10 +164,20 @@ def region_times(
     return {name: statistics.median(step.get(name, 0.0) for step in per_step) for name in names}
 
 
-def step_time_ms(model, batch: int, *, warmup: int = 4, steps: int = 10, max_duration_s: float = 60.0) -> float:
+def step_time_ms(
+    model,
+    batch: int,
+    *,
+    warmup: int = 4,
+    steps: int = 10,
+    max_duration_s: float = 60.0,
+    record: list[float] | None = None,
+) -> float:
     """Mean milliseconds of a whole `model.step` of `batch` streams (one sync after each step). A mean, not a
     median: where a step's work is periodic (Llasa decodes an audio block every fifth step), step times are
-    bimodal and their median jumps between the modes with the streams' phases; the mean is the frame rate's."""
+    bimodal and their median jumps between the modes with the streams' phases; the mean is the frame rate's.
+    `record`, if given, is extended with each timed step's milliseconds (the build report keeps them, so that a
+    prediction error can be told apart from two measurements of one composition that disagree)."""
     if warmup < 0 or steps < 1:
         raise ValueError(f"need warmup >= 0 and steps >= 1, got {warmup}, {steps}")
     streams = SteadyStreams(model, batch, max_duration_s)
@@ -185,6 +195,8 @@ def step_time_ms(model, batch: int, *, warmup: int = 4, steps: int = 10, max_dur
             streams.refill()
     finally:
         streams.close()
+    if record is not None:
+        record.extend(times)
     return statistics.fmean(times)
 
 

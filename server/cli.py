@@ -881,6 +881,7 @@ def _run_build(args: argparse.Namespace) -> int:
         ],
         "not_profiled": result.unavailable,
         "anchor_step_ms": {str(batch): ms for batch, ms in result.anchor_ms.items()},
+        "anchor_step_times_ms": {str(batch): times for batch, times in result.anchor_times_ms.items()},
         "candidates": {str(batch): ranked for batch, ranked in result.ranked.items()},
         "category": category.category.value,
         "category_why": category.reason,

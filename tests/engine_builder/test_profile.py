@@ -4,6 +4,7 @@ and both timers run."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import tilevox.engine_builder.profile as profile
@@ -29,5 +30,7 @@ def test_steady_streams_open_in_prefills_of_at_most_max_prefill_batch(monkeypatc
         streams.close()
     assert model.open_stream_ids == ()  # every stream closed
     assert profile.region_times(model, 3, warmup=0, steps=1, max_duration_s=1.0)["decoder_step"] > 0
-    assert profile.step_time_ms(model, 3, warmup=0, steps=1, max_duration_s=1.0) > 0
+    record: list[float] = []
+    mean = profile.step_time_ms(model, 3, warmup=0, steps=2, max_duration_s=1.0, record=record)
+    assert len(record) == 2 and min(record) > 0 and mean == pytest.approx(sum(record) / 2)
     assert sizes[3:] == [2, 1, 2, 1]  # each timer opened its 3 streams in parts too

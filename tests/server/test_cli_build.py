@@ -165,9 +165,10 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
         times = {"talker_step": 2.0 if on_megakernel else 3.0, "code_predictor_loop": 5.0 if on_megakernel else 4.0}
         return {**times, "codec_decode": 1.5 if on_megakernel else 1.0}
 
-    def fake_step_time_ms(model, batch, **_):
+    def fake_step_time_ms(model, batch, *, record=None, **_):
         calls["step"] += 1
         assert model.talker_step_backend is not None, "a whole step timed with no region backend installed"
+        record.extend([6.5 + batch, 7.5 + batch])  # each timed step, kept in the report beside their mean
         return 7.0 + batch
 
     monkeypatch.setattr(build, "region_times", fake_region_times)
@@ -182,6 +183,9 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     # all-graph composition is predicted as its anchor, the others as the anchor plus their regions' difference
     # (and the priced cost of a cut between a graph and a megakernel, microseconds; none around the codec decode).
     assert first["anchor_step_ms"] == {"1": 8.0, "2": 9.0}
+    assert first["anchor_step_times_ms"] == {"1": [7.5, 8.5], "2": [8.5, 9.5]}
+    measured_rows = [row for rows in first["candidates"].values() for row in rows if "measured_step_ms" in row]
+    assert len(measured_rows) == 4 and all(len(row["measured_step_times_ms"]) == 2 for row in measured_rows)
     decoders = {
         "talker_step[0-2+head]=graph code_predictor_loop[0-2+head]=graph": 0.0,
         "talker_step[0-2+head]=mk code_predictor_loop[0-2+head]=graph": -1.0,
@@ -209,7 +213,9 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     assert main(argv) == 0
     second = json.loads((out / "build_report.json").read_text())
     assert second["plan"]["buckets"] == first["plan"]["buckets"]
-    assert second["candidates"] == first["candidates"]
+    # The cache keeps each measurement's mean, not its steps: a rebuild reports the same candidates without them.
+    assert without_step_times(second["candidates"]) == without_step_times(first["candidates"])
+    assert all(not row["measured_step_times_ms"] for rows in second["candidates"].values() for row in rows[:2])
     assert second["profile_cache"] == {"path": str(out / "profile_cache.json"), "reused": 10, "measured": 0}
     assert "10 measurements reused, 0 made" in capsys.readouterr().out
 
@@ -224,7 +230,8 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     assert main(argv) == 0
     assert calls == {"regions": 0, "step": 2}
     third = json.loads((out / "build_report.json").read_text())
-    assert third["candidates"] == first["candidates"] and third["anchor_step_ms"] == first["anchor_step_ms"]
+    assert without_step_times(third["candidates"]) == without_step_times(first["candidates"])
+    assert third["anchor_step_ms"] == first["anchor_step_ms"]
 
     monkeypatch.setattr(build, "region_times", fake_region_times)
     calls.update(regions=0, step=0)
@@ -304,3 +311,11 @@ def test_the_model_signature_tells_configs_apart():
 
     assert signature("llama-tiny", torch.float32) == signature("llama-tiny", torch.float32)
     assert signature("llama-tiny", torch.float32) != signature("llama-tiny", torch.bfloat16)
+
+
+def without_step_times(candidates: dict) -> dict:
+    """A report's candidates without the timed steps of their measurements (a rebuild from the cache has none)."""
+    return {
+        batch: [{k: v for k, v in row.items() if k != "measured_step_times_ms"} for row in rows]
+        for batch, rows in candidates.items()
+    }
