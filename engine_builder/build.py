@@ -140,6 +140,7 @@ def build_plan(
     megakernel: BackendOptions | None = None,
     warmup: int = 4,
     steps: int = 10,
+    until_audio: bool = True,
     commit: str = "unknown",
     progress: Callable[[str], None] | None = None,
     measure_top: int = 0,
@@ -149,7 +150,9 @@ def build_plan(
     With `measure_top` > 0 the best predicted candidates of each bucket also run whole steps end to end,
     and the bucket takes the fastest measured one (its prediction error is in the report). With `cache`
     (see `profile_cache_for`), a measurement stored by an earlier build of the same model on the same machine
-    is reused instead of run again; new ones are added (the caller saves the cache)."""
+    is reused instead of run again; new ones are added (the caller saves the cache). Each measurement warms up
+    `warmup` steps and, with `until_audio`, until every stream has given audio (past a block codec's first
+    block), then times `steps` steps."""
     megakernel = _with_compiler(megakernel)
     tiling = megakernel_tiling(megakernel)
     batches = sorted(set(batches))
@@ -183,6 +186,11 @@ def build_plan(
     # per-region syncs remove) is added to every candidate's regions: the conventional composition is predicted
     # as its anchor, every other one as the anchor plus the difference of its priced regions. The same on every
     # candidate, so it shifts predictions, not ranks.
+    # Every measurement's warm-up and window; `until_audio` (the warm-up goes on until every stream has given
+    # audio: profile.SteadyStreams.warm_up) is part of the cache key only where on, so that entries measured
+    # without it match builds without it.
+    timed = {"warmup": warmup, "steps": steps, "until_audio": until_audio}
+    timing = {"warmup": warmup, "steps": steps, **({"until_audio": True} if until_audio else {})}
     anchor_ms: dict[int, float] = {}
     anchor_times_ms: dict[int, list[float]] = {}  # each timed step of the anchor, for the report
     # The other executor regions (sampling, prefill) as served; the searched ones are installed per pass.
@@ -192,9 +200,7 @@ def build_plan(
         # A backend whose every bucket is in the cache is not even installed (no megakernel compile).
         cached = (
             {
-                batch: cache.get(
-                    "regions", backend=backend.value, batch=batch, warmup=warmup, steps=steps, **keyed(backend)
-                )
+                batch: cache.get("regions", backend=backend.value, batch=batch, **timing, **keyed(backend))
                 for batch in batches
             }
             if cache is not None
@@ -202,7 +208,7 @@ def build_plan(
         )
         cached_anchor = {
             batch: (
-                cache.get("anchor", backend=backend.value, batch=batch, warmup=warmup, steps=steps)
+                cache.get("anchor", backend=backend.value, batch=batch, **timing)
                 if cache is not None and anchors
                 else None
             )
@@ -237,7 +243,7 @@ def build_plan(
             times = cached[batch]
             if times is None:
                 fallbacks = {name: b.num_conventional_calls for name, b in installed.items()}
-                times = region_times(model, batch, warmup=warmup, steps=steps)
+                times = region_times(model, batch, **timed)
                 for name in regions:
                     if name not in times:
                         raise RuntimeError(f"region {name} did not run in a step of {batch} streams")
@@ -246,7 +252,7 @@ def build_plan(
                     ):
                         times[name] = math.inf  # some calls ran the conventional path (reason logged)
                 if cache is not None:
-                    what = {"backend": backend.value, "batch": batch, "warmup": warmup, "steps": steps}
+                    what = {"backend": backend.value, "batch": batch, **timing}
                     cache.put("regions", times, **what, **keyed(backend))
             if anchors:
                 hit = cached_anchor[batch]
@@ -255,10 +261,10 @@ def build_plan(
                     anchor_times_ms[batch] = []  # the cache keeps means only
                 else:
                     times_ms: list[float] = []
-                    anchor_ms[batch] = step_time_ms(model, batch, warmup=warmup, steps=steps, record=times_ms)
+                    anchor_ms[batch] = step_time_ms(model, batch, **timed, record=times_ms)
                     anchor_times_ms[batch] = times_ms
                     if cache is not None:
-                        what = {"backend": backend.value, "batch": batch, "warmup": warmup, "steps": steps}
+                        what = {"backend": backend.value, "batch": batch, **timing}
                         cache.put("anchor", {"step": anchor_ms[batch]}, **what)
             for region in layout:
                 kind = _pass_backend(region, backend).value
@@ -314,7 +320,7 @@ def build_plan(
                     progress(f"measuring {candidate.composition.label()} at {batch} streams")
                 label = candidate.composition.label()
                 runs_mk = any(p.backend is Backend.MEGAKERNEL for p in candidate.composition.pieces)
-                what = {"composition": label, "batch": batch, "warmup": warmup, "steps": steps}
+                what = {"composition": label, "batch": batch, **timing}
                 what.update(mk_key if runs_mk else {})
                 hit = cache.get("step", **what) if cache is not None else None
                 if hit is not None:
@@ -322,7 +328,7 @@ def build_plan(
                 else:
                     install_composition(model, candidate.composition, megakernel, made)
                     times_ms = []
-                    step_ms = step_time_ms(model, batch, warmup=warmup, steps=steps, record=times_ms)
+                    step_ms = step_time_ms(model, batch, **timed, record=times_ms)
                     if cache is not None:
                         cache.put("step", {"step": step_ms}, **what)
                 row["measured_step_ms"] = step_ms

@@ -99,6 +99,11 @@ def profile_text(model, repeats: int = 8) -> str:
     raise RequestError(f"{model.model_id} refuses even one profile sentence ({len(PROFILE_TEXT)} characters)")
 
 
+# Untimed steps that a warm-up until first audio may add (Llasa's first audio comes at its 13th frame; a model
+# whose streams end before they sound, as tiny random ones may, stops waiting here).
+MAX_EXTRA_WARMUP = 48
+
+
 class SteadyStreams:
     """B open streams of a long text; a finished one is replaced before the next step. Streams are opened in
     batched prefills of at most MAX_PREFILL_BATCH, as the scheduler admits them: the memory that KV capacity
@@ -109,6 +114,7 @@ class SteadyStreams:
         self.text = profile_text(model) if text is None else text
         self.ids: list[int] = self.open(batch)
         self.finished: set[int] = set()
+        self.heard: set[int] = set()  # streams that have given audio
 
     def open(self, count: int) -> list[int]:
         requests = [
@@ -125,7 +131,22 @@ class SteadyStreams:
         return ids
 
     def step(self) -> None:
-        self.finished = {chunk.stream_id for chunk in self.model.step(self.ids) if chunk.is_finished}
+        chunks = self.model.step(self.ids)
+        self.finished = {chunk.stream_id for chunk in chunks if chunk.is_finished}
+        self.heard.update(chunk.stream_id for chunk in chunks if len(chunk.samples))
+
+    def warm_up(self, steps: int, *, until_audio: bool = False, max_extra: int = MAX_EXTRA_WARMUP) -> int:
+        """`steps` untimed steps (with refills); with `until_audio`, more until every open stream has given
+        audio, at most `max_extra` more. Returns the steps run. A block codec's streams start with a transient:
+        no audio until a block and its lookahead have arrived (Llasa: 13 frames), then its first, shortest
+        window. Timed steps that start past it hold whole blocks (10 steps: two of Llasa's 5-frame blocks per
+        stream, whatever the streams' phases), so two timings of one composition agree."""
+        run = 0
+        while run < steps or (until_audio and run < steps + max_extra and not self.heard.issuperset(self.ids)):
+            self.step()
+            self.refill()
+            run += 1
+        return run
 
     def refill(self) -> None:
         """Replace the streams the last step finished (outside the timed spans)."""
@@ -140,18 +161,23 @@ class SteadyStreams:
 
 
 def region_times(
-    model, batch: int, *, warmup: int = 4, steps: int = 10, max_duration_s: float = 60.0
+    model,
+    batch: int,
+    *,
+    warmup: int = 4,
+    steps: int = 10,
+    max_duration_s: float = 60.0,
+    until_audio: bool = False,
 ) -> dict[str, float]:
     """Median milliseconds per step of each labelled phase of `model.step` with `batch` streams (synced
-    timing; the first `warmup` steps, where graphs are captured and kernels compiled, are not counted)."""
+    timing; the first `warmup` steps, where graphs are captured and kernels compiled, are not counted, nor,
+    with `until_audio`, those before every stream has given audio: SteadyStreams.warm_up)."""
     if warmup < 0 or steps < 1:
         raise ValueError(f"need warmup >= 0 and steps >= 1, got {warmup}, {steps}")
     streams = SteadyStreams(model, batch, max_duration_s)
     per_step: list[dict[str, float]] = []
     try:
-        for _ in range(warmup):
-            streams.step()
-            streams.refill()
+        streams.warm_up(warmup, until_audio=until_audio)
         for _ in range(steps):
             timer = PhaseTimer(model.device)
             with phases_timed(timer):
@@ -172,20 +198,20 @@ def step_time_ms(
     steps: int = 10,
     max_duration_s: float = 60.0,
     record: list[float] | None = None,
+    until_audio: bool = False,
 ) -> float:
     """Mean milliseconds of a whole `model.step` of `batch` streams (one sync after each step). A mean, not a
     median: where a step's work is periodic (Llasa decodes an audio block every fifth step), step times are
     bimodal and their median jumps between the modes with the streams' phases; the mean is the frame rate's.
     `record`, if given, is extended with each timed step's milliseconds (the build report keeps them, so that a
-    prediction error can be told apart from two measurements of one composition that disagree)."""
+    prediction error can be told apart from two measurements of one composition that disagree). `until_audio`:
+    the warm-up goes on until every stream has given audio (SteadyStreams.warm_up)."""
     if warmup < 0 or steps < 1:
         raise ValueError(f"need warmup >= 0 and steps >= 1, got {warmup}, {steps}")
     streams = SteadyStreams(model, batch, max_duration_s)
     times = []
     try:
-        for _ in range(warmup):
-            streams.step()
-            streams.refill()
+        streams.warm_up(warmup, until_audio=until_audio)
         synchronize(model.device)
         for _ in range(steps):
             start = time.perf_counter()

@@ -783,7 +783,12 @@ def _add_build(subparsers) -> None:
     )
     p.add_argument("--megakernel-executor", default="cuda", choices=["cuda", "vm"])
     _add_tiling_arg(p)
-    p.add_argument("--warmup", type=int, default=4, help="untimed steps per measurement")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=4,
+        help="untimed steps per measurement, at least (then more until every stream has given audio)",
+    )
     p.add_argument(
         "--steps", type=int, default=10, help="timed steps per measurement (10: two of Llasa's 5-frame audio blocks)"
     )
