@@ -140,7 +140,7 @@ class SteadyStreams:
         audio, at most `max_extra` more. Returns the steps run. A block codec's streams start with a transient:
         no audio until a block and its lookahead have arrived (Llasa: 13 frames), then its first, shortest
         window. Timed steps that start past it hold whole blocks (10 steps: two of Llasa's 5-frame blocks per
-        stream, whatever the streams' phases), so two timings of one composition agree."""
+        stream, whatever the streams' phases) instead of the transient's edge."""
         run = 0
         while run < steps or (until_audio and run < steps + max_extra and not self.heard.issuperset(self.ids)):
             self.step()
