@@ -38,6 +38,7 @@ __all__ = [
     "SteadyStreams",
     "phases_timed",
     "region_times",
+    "settle",
     "step_time_ms",
     "this_machine",
 ]
@@ -188,6 +189,25 @@ def region_times(
         streams.close()
     names = sorted({name for step in per_step for name in step})
     return {name: statistics.median(step.get(name, 0.0) for step in per_step) for name in names}
+
+
+def settle(model, batch: int, seconds: float, *, max_duration_s: float = 60.0, max_steps: int = 10_000) -> int:
+    """Untimed steps of `batch` streams for at least `seconds` (one sync each, at most `max_steps`): the GPU's
+    clocks and the host's caches come up to speed before a build's first timing, which otherwise runs slower
+    than the same composition timed later. Returns the steps run."""
+    if seconds < 0:
+        raise ValueError(f"seconds must be >= 0, got {seconds}")
+    streams = SteadyStreams(model, batch, max_duration_s)
+    run, start = 0, time.perf_counter()
+    try:
+        while run < max_steps and time.perf_counter() - start < seconds:
+            streams.step()
+            synchronize(model.device)
+            streams.refill()
+            run += 1
+    finally:
+        streams.close()
+    return run
 
 
 def step_time_ms(

@@ -790,6 +790,12 @@ def _add_build(subparsers) -> None:
         help="untimed steps per measurement, at least (then more until every stream has given audio)",
     )
     p.add_argument(
+        "--settle",
+        type=float,
+        default=2.0,
+        help="seconds of untimed steps before the first measurement (GPU clocks up to speed; 0: none)",
+    )
+    p.add_argument(
         "--steps", type=int, default=10, help="timed steps per measurement (10: two of Llasa's 5-frame audio blocks)"
     )
     p.add_argument(
@@ -838,6 +844,8 @@ def _run_build(args: argparse.Namespace) -> int:
 
     if args.measure < 0 or args.context < 1:
         raise CommandError(f"--measure must be >= 0 and --context >= 1, got {args.measure}, {args.context}")
+    if not args.settle >= 0:  # NaN too
+        raise CommandError(f"--settle must be >= 0 seconds, got {args.settle}")
     try:
         batches = [int(b) for b in args.batches.split(",")]
         backends = [Backend(b.strip()) for b in args.backends.split(",")]
@@ -870,6 +878,7 @@ def _run_build(args: argparse.Namespace) -> int:
             megakernel=_megakernel_options(args),
             warmup=args.warmup,
             steps=args.steps,
+            settle_s=args.settle,
             commit=_commit(),
             progress=progress,
             measure_top=args.measure,

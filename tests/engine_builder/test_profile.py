@@ -63,3 +63,13 @@ def test_warm_up_until_audio_passes_the_first_block_of_a_block_codec(monkeypatch
         else:
             assert run == 4 + 3 and not heard_all  # capped: 7 steps are still inside the first block
         steps_run.clear()
+
+
+def test_settle_runs_untimed_steps_for_the_time_asked_and_closes_its_streams():
+    model = load_model("random:llama-tiny", device="cpu", dtype=torch.float32)
+    assert profile.settle(model, 2, 0.0, max_duration_s=1.0) == 0
+    assert profile.settle(model, 2, 0.2, max_duration_s=1.0) >= 1
+    assert profile.settle(model, 2, 10.0, max_duration_s=1.0, max_steps=3) == 3  # bounded by steps too
+    assert model.open_stream_ids == ()
+    with pytest.raises(ValueError, match="seconds"):
+        profile.settle(model, 2, -1.0)

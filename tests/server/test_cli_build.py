@@ -24,6 +24,17 @@ from tilevox.server.cli import main
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def settles(monkeypatch) -> list[tuple[int, float]]:
+    """The untimed steps before a build's first measurement, recorded (batch, seconds) instead of run (two
+    seconds of steps per build would only slow these tests)."""
+    from tilevox.engine_builder import build
+
+    calls: list[tuple[int, float]] = []
+    monkeypatch.setattr(build, "settle", lambda model, batch, seconds: calls.append((batch, seconds)) or 0)
+    return calls
+
+
 def test_build_profiles_both_backends_and_writes_a_plan_synth_follows(tmp_path, capsys):
     out = tmp_path / "build"
     argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1,2"]
@@ -151,7 +162,7 @@ def test_build_of_an_nh_tts_model_profiles_with_a_text_its_encoder_holds(tmp_pat
     assert [b.batch for b in plan.buckets] == [1]
 
 
-def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_path, monkeypatch, capsys):
+def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_path, monkeypatch, capsys, settles):
     """The first build measures every (backend, batch) and every measured candidate and stores them; a rebuild
     of the same model into the same folder measures nothing and plans the same; other measurement settings
     (--steps) miss the cache; a broken cache file is a usage error naming it."""
@@ -178,6 +189,7 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     argv += ["--megakernel-executor", "vm", "--warmup", "0", "--steps", "1", "--out", str(out)]
     assert main(argv) == 0
     assert calls == {"regions": 4, "step": 6}  # 2 backends x 2 batches; 2 anchors + 2 candidates x 2 batches
+    assert settles == [(1, 2.0)]  # once, before the first measurement, at its batch
     first = json.loads((out / "build_report.json").read_text())
     # Predictions are anchored on the whole conventional step (7 + batch ms; its regions take 3 + 4 + 1 ms): the
     # all-graph composition is predicted as its anchor, the others as the anchor plus their regions' difference
@@ -210,7 +222,9 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
 
     monkeypatch.setattr(build, "region_times", must_not_measure)
     monkeypatch.setattr(build, "step_time_ms", must_not_measure)
+    settles.clear()
     assert main(argv) == 0
+    assert settles == []  # nothing measured, nothing to settle
     second = json.loads((out / "build_report.json").read_text())
     assert second["plan"]["buckets"] == first["plan"]["buckets"]
     # The cache keeps each measurement's mean, not its steps: a rebuild reports the same candidates without them.
