@@ -243,6 +243,7 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     calls.update(regions=0, step=0)
     assert main(argv) == 0
     assert calls == {"regions": 0, "step": 2}
+    assert settles == [(1, 2.0)]  # before the first anchor: whichever timing comes first
     third = json.loads((out / "build_report.json").read_text())
     assert without_step_times(third["candidates"]) == without_step_times(first["candidates"])
     assert third["anchor_step_ms"] == first["anchor_step_ms"]
