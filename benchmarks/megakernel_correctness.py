@@ -530,14 +530,18 @@ def run(args: argparse.Namespace, save: Callable[[dict], None] | None = None) ->
 
 
 def row_text(c: dict) -> str:
+    """One cell of logits and tokens as a table row (the Qwen3-TTS matrix's cells too: a cell of frames gives
+    them in the context column, and a predictor cell its time per frame)."""
+    where = f"{c['batch']:5d} {c.get('context', c.get('frames', 0)):7d}"
     if "error" in c:
-        return f"{c['batch']:5d} {c['context']:7d} ERROR {c['error']}"
+        return f"{where} ERROR {c['error']}"
     base = c.get("bf16_conventional")
     base_text = f"{base['max_abs_logit_diff']:9.4f} {base['argmax_mismatches']:5d}" if base else f"{'-':>9} {'-':>5}"
+    seconds = c.get("megakernel_s_per_step", c.get("megakernel_s_per_frame", 0.0))
     return (
-        f"{c['batch']:5d} {c['context']:7d} {c['max_abs_logit_diff']:9.4f} {c['worst_diff_over_bound']:6.2f} "
+        f"{where} {c['max_abs_logit_diff']:9.4f} {c['worst_diff_over_bound']:6.2f} "
         f"{c['mismatches']:5d} {c['near_ties']:5d} {c['hard_mismatches']:5d} {c['self_argmax_violations']:5d} "
-        f"{base_text} {c['megakernel_s_per_step'] * 1e3:8.2f} {'PASS' if c['passed'] else 'FAIL'}"
+        f"{base_text} {seconds * 1e3:8.2f} {'PASS' if c['passed'] else 'FAIL'}"
     )
 
 
@@ -607,15 +611,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_and_report(
+    args: argparse.Namespace,
+    header: str,
+    run_matrix: Callable[..., dict],
+    table: Callable[[dict], str],
+) -> int:
+    """A matrix's command: its cells run (rows printed as they finish), the report at args.out, the table;
+    exit status 0 only if every cell passed."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    print(HEADER, flush=True)
+    print(header, flush=True)
     # Rewritten after every cell: a run cut short by a timeout still leaves its finished cells.
-    report = run(args, save=lambda partial: args.out.write_text(json.dumps(partial, indent=2)))
-    print(format_table(report))
+    report = run_matrix(args, save=lambda partial: args.out.write_text(json.dumps(partial, indent=2)))
+    print(table(report))
     print(f"wrote {args.out}")
     return 0 if report["passed"] else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_and_report(parse_args(argv), HEADER, run, format_table)
 
 
 if __name__ == "__main__":
