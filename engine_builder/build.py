@@ -1,24 +1,26 @@
 """`tilevox build`: profile a model's regions on this machine, search the compositions, write the plan;
 and `apply_plan`, which makes a model follow a plan at run time.
 
-Today's build covers what the executor can run: each decoder region whole, either as the executor's
-CUDA graph of the conventional path or as one megakernel launch (layer splits are enumerated and priced by
-engine_builder.composition, but the executor cannot run a region in pieces yet, so the build searches
-whole-region compositions only), and each executor region that has a megakernel backend (the Qwen3-TTS
-codec decode) whole, on the executor's graph as served or on that backend. Profiling is measured, not
-simulated: for every batch bucket it runs `SpeechModel.step` of B streams with every region on each backend
-(an executor region on its graph in every conventional pass) and times each region's phase
-(engine_builder.profile.region_times: the models label each phase with its region's name, the codec decode
-included); a region's measured time is the conventional cost of its layers (spread evenly over them, its
-head included) or the megakernel's time for the whole region. The search ranks every candidate per bucket
-(engine_builder.composition.search); the plan records the winner, and the report every candidate's
-prediction. A candidate's predicted step time is anchored on one measured whole step per bucket with every
-region conventional (`step_time_ms`, no per-region syncs): its regions' times plus what that anchor spent
-outside its own regions (sampling, host work between phases, and the codec where it is no region).
+The build covers what the executor can run: each decoder region whole, either as the executor's CUDA graph
+of the conventional path or as one megakernel launch, and each executor region that has a megakernel backend
+(the Qwen3-TTS codec decode) whole, on the executor's graph as served or on that backend; with `splits`, also
+the Llama decoder step and the Qwen3-TTS talker step cut at layer boundaries (engine_builder.composition's
+grid), which the executor runs in pieces (executor.split). Profiling is measured, not simulated: for every
+batch bucket it runs `SpeechModel.step` of B streams with every region on each backend (an executor region on
+its graph in every conventional pass) and times each region's phase (engine_builder.profile.region_times: the
+models label each phase with its region's name, the codec decode included); a region's measured time is the
+conventional cost of its layers (spread evenly over them, its head included) or the megakernel's time for the
+whole region (a piece of it: that time scaled by the simulated tile graphs, see build_plan). The search ranks
+every candidate per bucket (engine_builder.composition.search); the plan records the winner, and the report
+every candidate's prediction. A candidate's predicted step time is anchored on one measured whole step per
+bucket with every region conventional (`step_time_ms`, no per-region syncs): its regions' times plus what
+that anchor spent outside its own regions (sampling, host work between phases, and the codec where it is no
+region).
 
-`apply_plan` installs, for each region of the plan, a `BucketDispatch` (executor.dispatch) that sends a
-call to the backend the plan chose for its batch bucket; the executor regions a plan does not name (all of
-them in a format-1 plan) run on the executor's graphs. Imports: torch, models, executor, engine_builder.
+`apply_plan` installs, for each region of the plan, a `BucketDispatch` (executor.dispatch) that sends a call
+to the backend the plan chose for its batch bucket (for a region cut into pieces, an executor.split backend);
+the executor regions a plan does not name (all of them in a format-1 plan) run on the executor's graphs.
+Imports: torch, models, executor, engine_builder.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from tilevox.engine_builder.composition import (
     Piece,
     RegionLayout,
     enumerate_compositions,
+    iter_pieces,
     model_layout,
     search,
 )
@@ -47,9 +50,11 @@ from tilevox.engine_builder.plan import BucketPlan, Plan, PlanError, Provenance
 from tilevox.engine_builder.profile import region_times, settle, step_time_ms, this_machine
 from tilevox.engine_builder.profile_cache import ProfileCache, model_signature
 from tilevox.engine_builder.regions import TilingConfig, region_compiler
+from tilevox.engine_builder.simulated_costs import SimulatedMegakernelCost
 from tilevox.executor.dispatch import BucketDispatch
 from tilevox.executor.graphs import GRAPH_BACKENDS, GraphOptions, install_graph_regions
 from tilevox.executor.megakernel import BackendOptions, MegakernelUnavailable, make_backend
+from tilevox.executor.split import SPLIT_BACKENDS, SplitPiece, make_split_backend
 from tilevox.models.region_backends import call_batch, executor_region_names, region_module, set_region_backend
 
 __all__ = [
@@ -59,6 +64,7 @@ __all__ = [
     "install_composition",
     "megakernel_tiling",
     "profile_cache_for",
+    "split_compositions",
     "whole_region_compositions",
 ]
 
@@ -73,6 +79,36 @@ def whole_region_compositions(layout: Sequence[RegionLayout], backends: Sequence
     candidates = enumerate_compositions(layout, conventional=conventional or (Backend.GRAPH,), grid=longest)
     allowed = {r.name: {_pass_backend(r, b) for b in backends} for r in layout}
     return [c for c in candidates if all(p.backend in allowed[p.region] for p in c.pieces)]
+
+
+def split_compositions(
+    layout: Sequence[RegionLayout], backends: Sequence[Backend], *, max_megakernels: int = 4
+) -> list[Composition]:
+    """The compositions that cut a region at layer boundaries (engine_builder.composition's grid: a quarter of
+    the longest region), restricted to what the executor runs in pieces (executor.split: the Llama decoder
+    step and the Qwen3-TTS talker step) on the profiled `backends`; every other region whole."""
+    conventional = tuple(b for b in backends if b.is_conventional) or (Backend.GRAPH,)
+    allowed = {r.name: {_pass_backend(r, b) for b in backends} for r in layout}
+    out = []
+    for candidate in enumerate_compositions(layout, conventional=conventional, max_megakernels=max_megakernels):
+        if not all(p.backend in allowed[p.region] for p in candidate.pieces):
+            continue
+        cut = {p.region for p in candidate.pieces if not _whole(p, layout)}
+        if cut and cut <= set(SPLIT_BACKENDS):
+            out.append(candidate)
+    return out
+
+
+def _whole(piece: Piece, layout: Sequence[RegionLayout]) -> bool:
+    return piece.first_layer == 0 and piece.head and piece.stop_layer == _layers(layout)[piece.region]
+
+
+def _is_cut(composition: Composition, layout: Sequence[RegionLayout]) -> bool:
+    return any(not _whole(p, layout) for p in composition.pieces)
+
+
+def _layers(layout: Sequence[RegionLayout]) -> dict[str, int]:
+    return {r.name: r.num_layers for r in layout}
 
 
 def _pass_backend(region: RegionLayout, backend: Backend) -> Backend:
@@ -105,16 +141,47 @@ class BuildResult:
     anchor_times_ms: dict[int, list[float]] = dataclasses.field(default_factory=dict)  # batch -> each timed step
 
 
-def install_composition(model, composition: Composition, megakernel: BackendOptions, made: dict) -> None:
-    """Put each region of `model` on the backend `composition` gives it (whole regions only); `made` caches
-    backends by (region, backend) across calls, so graphs and compiled megakernels are reused."""
+def _composition_backend(
+    model, pieces: Sequence[Piece], made: dict, *, graphs: GraphOptions, megakernel: BackendOptions
+) -> Callable:
+    """The backend that runs one region's `pieces` (in layer order): the region's own backend when it runs
+    whole, else an executor.split backend of its pieces; made once per region and pieces, kept in `made`."""
+    region = pieces[0].region
+    if len(pieces) == 1 and pieces[0].first_layer == 0 and pieces[0].head:
+        return _region_backend(model, region, pieces[0].backend, made, graphs=graphs, megakernel=megakernel)
+    key = (region, tuple((p.first_layer, p.stop_layer, p.backend) for p in pieces))
+    if key not in made:
+        if region not in SPLIT_BACKENDS:
+            raise PlanError(
+                f"region {region} is cut into pieces, which the executor runs for {', '.join(SPLIT_BACKENDS)} only"
+            )
+        split = [
+            SplitPiece(
+                p.first_layer,
+                p.stop_layer,
+                megakernel=p.backend is Backend.MEGAKERNEL,
+                compiled=p.backend is Backend.COMPILED,
+            )
+            for p in pieces
+        ]
+        made[key] = make_split_backend(model, region, split, graphs, megakernel)
+    return made[key]
+
+
+def _by_region(composition: Composition) -> dict[str, list[Piece]]:
+    regions: dict[str, list[Piece]] = {}
     for piece in composition.pieces:
-        if piece.first_layer != 0 or not piece.head:
-            raise PlanError(f"region {piece.region} is cut: the executor runs regions whole")
-        backend = _region_backend(
-            model, piece.region, piece.backend, made, graphs=GraphOptions(), megakernel=megakernel
-        )
-        set_region_backend(model, piece.region, backend)
+        regions.setdefault(piece.region, []).append(piece)
+    return regions
+
+
+def install_composition(model, composition: Composition, megakernel: BackendOptions, made: dict) -> None:
+    """Put each region of `model` on the backend `composition` gives it (a region cut at layer boundaries on
+    an executor.split backend of its pieces); `made` caches backends across calls, so graphs and compiled
+    megakernels are reused."""
+    for region, pieces in _by_region(composition).items():
+        backend = _composition_backend(model, pieces, made, graphs=GraphOptions(), megakernel=megakernel)
+        set_region_backend(model, region, backend)
 
 
 def _with_compiler(options: BackendOptions | None) -> BackendOptions:
@@ -146,6 +213,8 @@ def build_plan(
     progress: Callable[[str], None] | None = None,
     measure_top: int = 0,
     cache: ProfileCache | None = None,
+    splits: bool = False,
+    split_context: int = 512,
 ) -> BuildResult:
     """Profile `model` (loaded on its device) at each batch in `batches` with each backend, search, plan.
     With `measure_top` > 0 the best predicted candidates of each bucket also run whole steps end to end,
@@ -154,7 +223,15 @@ def build_plan(
     is reused instead of run again; new ones are added (the caller saves the cache). Each measurement warms up
     `warmup` steps and, with `until_audio`, until every stream has given audio (past a block codec's first
     block), then times `steps` steps. Before the first of them, `settle_s` seconds of untimed steps
-    (profile.settle)."""
+    (profile.settle).
+
+    With `splits`, the candidates also cut the regions the executor runs in pieces (split_compositions). A
+    megakernel piece of part of a region is priced as the region's measured megakernel time scaled by the
+    simulated time of the piece over that of the whole region (SimulatedMegakernelCost at `split_context`
+    keys per stream: the tile-graph simulation says how the time divides, the measurement how long it is);
+    a conventional piece as its layers' share of the measured region. With `measure_top` > 0 the best split
+    candidate of each bucket is also measured end to end (whatever its rank), so the report shows how a cut
+    measures against its prediction."""
     megakernel = _with_compiler(megakernel)
     tiling = megakernel_tiling(megakernel)
     batches = sorted(set(batches))
@@ -304,10 +381,23 @@ def build_plan(
     )
     anchor_backends = {r.name: _pass_backend(r, anchor_backend) for r in layout}
 
+    simulated = SimulatedMegakernelCost(model, context=split_context, tiling=tiling) if splits else None
+    num_layers = _layers(layout)
+
     def megakernel_s(piece: Piece, batch: int) -> float:
-        return measured[(piece.region, Backend.MEGAKERNEL.value, batch)] * 1e-3
+        whole_s = measured[(piece.region, Backend.MEGAKERNEL.value, batch)] * 1e-3
+        if _whole(piece, layout) or not math.isfinite(whole_s):
+            return whole_s
+        whole = Piece(
+            region=piece.region, first_layer=0, stop_layer=num_layers[piece.region], head=True, backend=piece.backend
+        )
+        return whole_s * simulated(piece, batch) / simulated(whole, batch)
 
     candidates = whole_region_compositions(layout, profiled)
+    if splits:
+        candidates += split_compositions(layout, profiled)
+        if progress is not None:
+            progress(f"simulating {len(list(iter_pieces(candidates)))} megakernel pieces")
     buckets, ranked_report = [], {}
     for batch in batches:
         ranked = search(layout, batch, conventional=conventional, megakernel=megakernel_s, candidates=candidates)
@@ -327,6 +417,13 @@ def build_plan(
             raise RuntimeError(f"no candidate could be measured at batch {batch}")
         if measure_top > 0:
             top = [r for r in ranked[:measure_top] if math.isfinite(r.step_s)]
+            if splits:  # the best cut candidate too, so that a cut is always measured against its prediction
+                cut = next((r for r in ranked if _is_cut(r.composition, layout) and math.isfinite(r.step_s)), None)
+                if cut is not None and cut not in top:
+                    top.append(cut)
+                    row = ranked_report[batch].pop(ranked.index(cut))
+                    ranked_report[batch].insert(len(top) - 1, row)
+                    ranked = [*top, *(r for r in ranked if r not in top)]
             measured_steps = []
             for row, candidate in zip(ranked_report[batch], top):
                 if progress is not None:
@@ -403,7 +500,9 @@ def apply_plan(
     (a call above the largest bucket runs that bucket's choice), and the executor's graphs for the other
     executor regions (those an older plan does not name included). Megakernel pieces are compiled with the
     plan's tiling where it records one (its predictions were measured with it), else with `megakernel`'s
-    compiler. Raises PlanError for a plan of another layout or one with layer splits (not runnable yet)."""
+    compiler. A region the plan cuts at layer boundaries runs on an executor.split backend of its pieces.
+    Raises PlanError for a plan of another layout, or one that cuts a region the executor does not run in
+    pieces."""
     graphs, megakernel = graphs or GraphOptions(), megakernel or BackendOptions()
     if plan.tiling is not None:
         megakernel = dataclasses.replace(megakernel, compiler=region_compiler(TilingConfig.from_dict(plan.tiling)))
@@ -411,20 +510,15 @@ def apply_plan(
     _check_layout(plan, model_layout(model))
     planned = {r.name for r in plan.layout}
     install_graph_regions(model, [n for n in executor_region_names(model) if n not in planned], graphs)
-    made: dict[tuple[str, Backend], Callable] = {}
+    made: dict[tuple, Callable] = {}
     dispatchers = {}
     for region in plan.layout:
         choices = []
         for bucket in plan.buckets:
-            pieces = [p for p in bucket.composition.pieces if p.region == region.name]
-            if len(pieces) != 1:
-                raise PlanError(
-                    f"bucket {bucket.batch} cuts region {region.name} into {len(pieces)} pieces; the executor runs "
-                    "regions whole"
-                )
-            kind = pieces[0].backend
-            backend = _region_backend(model, region.name, kind, made, graphs=graphs, megakernel=megakernel)
-            choices.append((bucket.batch, kind.value, backend))
+            pieces = _by_region(bucket.composition)[region.name]
+            backend = _composition_backend(model, pieces, made, graphs=graphs, megakernel=megakernel)
+            label = pieces[0].backend.value if len(pieces) == 1 else Composition(tuple(pieces)).label()
+            choices.append((bucket.batch, label, backend))
         dispatcher = BucketDispatch(region.name, lambda *a, _n=region.name, **k: call_batch(_n, *a, **k), choices)
         set_region_backend(model, region.name, dispatcher)
         dispatchers[region.name] = dispatcher

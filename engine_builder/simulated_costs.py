@@ -20,23 +20,18 @@ from tilevox.engine_builder.regions.compiler import CompiledRegion, compile_regi
 from tilevox.engine_builder.regions.cost import H200, DeviceCosts
 from tilevox.engine_builder.regions.schedule import simulate
 from tilevox.engine_builder.regions.spec import RegionKind, RegionSpec, TilingConfig, region_spec
-from tilevox.models.decoder_view import ModelFamily
 from tilevox.models.region_backends import region_module
 
 __all__ = ["SimulatedMegakernelCost", "piece_spec"]
 
 
-def piece_spec(piece: Piece, family: ModelFamily) -> RegionSpec:
-    """The RegionSpec that compiles `piece` of a region whose network is of `family`."""
+def piece_spec(piece: Piece, num_layers: int) -> RegionSpec:
+    """The RegionSpec that compiles `piece` of a region of `num_layers` layers (RegionSpec.piece, as the
+    executor compiles a region's pieces: executor.split)."""
     whole = region_spec(piece.region)
     if whole.kind is RegionKind.CODE_PREDICTOR_LOOP:
         return whole
-    return RegionSpec.layers(
-        piece.first_layer,
-        piece.stop_layer,
-        embed_input=piece.first_layer == 0 and family is ModelFamily.LLAMA,
-        lm_head=piece.head,
-    )
+    return whole.piece(piece.first_layer, piece.stop_layer, num_layers)
 
 
 class SimulatedMegakernelCost:
@@ -67,7 +62,7 @@ class SimulatedMegakernelCost:
     def compile(self, piece: Piece, batch: int) -> CompiledRegion:
         """The piece compiled for `batch` rows (its program holds the SM queues the time comes from)."""
         network = region_module(self.model, piece.region)
-        spec = piece_spec(piece, network.decoder_view().family)
+        spec = piece_spec(piece, network.decoder_view().num_layers)
         predictor = spec.kind is RegionKind.CODE_PREDICTOR_LOOP
         return compile_region(
             network,

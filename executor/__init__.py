@@ -5,7 +5,8 @@ talker_step and code_predictor_loop) can run as a CUDA graph of its conventional
 per (batch bucket, key-length bucket), with slot-indexed static inputs and the code predictor's sampling
 inside the graph (executor.sampling); with GraphOptions(compile=True) each region's function is compiled
 by Inductor first (batch and lengths symbolic). executor.megakernel runs regions as megakernel launches
-(compiled by a build-time compiler the caller hands in), executor.dispatch per the plan's batch buckets.
+(compiled by a build-time compiler the caller hands in), executor.split a region in pieces cut at layer
+boundaries (each piece conventional or a megakernel), executor.dispatch per the plan's batch buckets.
 On a CPU the same code runs eagerly. Imports flow one way:
 trt_plugins <- models <- executor <- engine_builder <- server.
 """

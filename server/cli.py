@@ -807,10 +807,18 @@ def _add_build(subparsers) -> None:
         "(report: predicted vs measured, build_report.png)",
     )
     p.add_argument(
+        "--splits",
+        action="store_true",
+        help="also search compositions that cut the Llama decoder step or the Qwen3-TTS talker step at layer "
+        "boundaries (megakernel pieces priced by the measured region scaled by simulated tile graphs); with "
+        "--measure, each bucket's best cut candidate is measured too",
+    )
+    p.add_argument(
         "--context",
         type=int,
         default=512,
-        help="keys per stream assumed by the simulated SM-queue timelines of the chosen megakernel pieces",
+        help="keys per stream assumed by the simulated tile graphs (--splits' prices, the SM-queue timelines of "
+        "the chosen megakernel pieces)",
     )
     p.add_argument(
         "--onnx",
@@ -863,7 +871,7 @@ def _run_build(args: argparse.Namespace) -> int:
         cache = profile_cache_for(model, args.model, cache_path)
     except ProfileCacheError as exc:
         raise CommandError(f"--profile-cache: {exc}") from None
-    steps_of_work = len(batches) * (len(backends) + args.measure)
+    steps_of_work = len(batches) * (len(backends) + args.measure + (1 if args.splits and args.measure else 0))
     with tqdm(total=steps_of_work, desc="profiling", file=sys.stderr, leave=False) as bar:
 
         def progress(what: str) -> None:
@@ -883,6 +891,8 @@ def _run_build(args: argparse.Namespace) -> int:
             progress=progress,
             measure_top=args.measure,
             cache=cache,
+            splits=args.splits,
+            split_context=args.context,
         )
     cache.save()
     save_plan(result.plan, args.out / "plan.json")
@@ -906,8 +916,13 @@ def _run_build(args: argparse.Namespace) -> int:
         },
         "note": "per-region step times measured with synchronisation around each region (engine_builder.profile); "
         "a candidate's predicted_step_ms is its regions' times plus what the anchor (a whole step with every region "
-        "conventional, timed end to end, anchor_step_ms) spent outside its regions; "
-        "the executor runs regions whole today, so only whole-region compositions are candidates",
+        "conventional, timed end to end, anchor_step_ms) spent outside its regions"
+        + (
+            "; cut candidates (--splits) price a megakernel piece as the region's measured megakernel time scaled by "
+            "the simulated time of the piece over the whole region"
+            if args.splits
+            else "; only whole-region compositions are candidates (--splits adds layer cuts)"
+        ),
     }
     (args.out / "build_report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     if args.measure:

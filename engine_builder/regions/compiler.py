@@ -1041,16 +1041,25 @@ def _compile_predictor_loop(b: _Builder, tiling: TilingConfig, num_steps: int) -
 @dataclass(frozen=True, slots=True)
 class RegionCompilerFn:
     """compile_region as the executor's RegionCompiler (executor.megakernel): a region name in, the region
-    spec the models declare for it (spec.region_spec), compiled with `tiling` (None: TilingConfig())."""
+    spec the models declare for it (spec.region_spec), compiled with `tiling` (None: TilingConfig());
+    `layers=(first, stop)`: only that piece of it (RegionSpec.piece)."""
 
     tiling: TilingConfig | None = None
 
     def __call__(
-        self, module: torch.nn.Module, region: str, *, batch_size: int, num_sms: int, **compile_args: int
+        self,
+        module: torch.nn.Module,
+        region: str,
+        *,
+        batch_size: int,
+        num_sms: int,
+        layers: tuple[int, int] | None = None,
+        **compile_args: int,
     ) -> CompiledRegion:
-        return compile_region(
-            module, region_spec(region), batch_size=batch_size, tiling=self.tiling, num_sms=num_sms, **compile_args
-        )
+        spec = region_spec(region)
+        if layers is not None:
+            spec = spec.piece(*layers, decoder_view(module).num_layers)
+        return compile_region(module, spec, batch_size=batch_size, tiling=self.tiling, num_sms=num_sms, **compile_args)
 
 
 def region_compiler(tiling: TilingConfig | None = None) -> RegionCompilerFn:

@@ -74,6 +74,23 @@ class RegionSpec:
     def code_predictor_loop(cls) -> RegionSpec:
         return cls(kind=RegionKind.CODE_PREDICTOR_LOOP)
 
+    def piece(self, first: int, stop: int, num_layers: int) -> RegionSpec:
+        """Layers [first, stop) of this single-step decoder region of `num_layers` layers: it keeps this
+        region's token input only from layer 0 (else it takes `x_in`, the residual stream) and its head only
+        through the last layer (else it ends with `x_out`), so that pieces cut at layer boundaries chain into
+        the whole region (executor.split)."""
+        if self.kind is not RegionKind.DECODER or self.num_steps != 1:
+            raise ValueError("only a single-step decoder region is cut at layer boundaries")
+        if not 0 <= first < stop <= num_layers:
+            raise ValueError(f"piece [{first}, {stop}) is not within the region's {num_layers} layers")
+        return RegionSpec(
+            first_layer=first,
+            stop_layer=stop,
+            embed_input=self.embed_input and first == 0,
+            lm_head=self.lm_head and stop == num_layers,
+            vocab_limit=self.vocab_limit,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "kind": self.kind.value}
 

@@ -316,12 +316,34 @@ class LlamaForCausalLM(nn.Module):
         """token_ids, positions (B, T) on the model's device; slots (B,). Returns hidden states (B, T, hidden)
         after the final norm; attends to cached keys [0, num_keys) up to each query's own position."""
         x = self.model.embed_tokens(token_ids)
+        return self.model.norm(self.forward_layers(x, cache, slots, positions, num_keys))
+
+    def forward_layers(
+        self,
+        x: torch.Tensor,
+        cache: LlamaKVCache,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        num_keys: int,
+        first: int = 0,
+        stop: int | None = None,
+    ) -> torch.Tensor:
+        """The residual stream x (B, T, hidden) through layers [first, stop) (None: the last), no final norm:
+        a piece of a decode step cut at layer boundaries (executor.split), the rest as `forward`."""
         cos, sin = self._rope(positions, x.dtype)
         key_idx = torch.arange(num_keys, device=positions.device)
         key_mask = key_idx[None, None, :] <= positions[:, :, None]  # (B, T, S)
-        for layer in self.model.layers:
+        for layer in self.model.layers[first:stop]:
             x = layer(x, cos, sin, cache, slots, positions, key_mask)
-        return self.model.norm(x)
+        return x
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings: the residual stream a decode step starts from."""
+        return self.model.embed_tokens(token_ids)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the last layer -> logits (final norm, then lm_head)."""
+        return self.lm_head(self.model.norm(x))
 
     @torch.inference_mode()
     def prefill(

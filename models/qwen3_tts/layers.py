@@ -306,13 +306,18 @@ class DecoderStack(nn.Module):
             attention_scaling=self._scaled_rope[1],
         )
 
-    def run_layers(self, x: torch.Tensor, view: CacheView) -> torch.Tensor:
-        """x (B, T, hidden) new tokens at positions start..start+T-1 -> (B, T, hidden) after the final norm."""
+    def run_layers(
+        self, x: torch.Tensor, view: CacheView, first: int = 0, stop: int | None = None, *, final_norm: bool = True
+    ) -> torch.Tensor:
+        """x (B, T, hidden) new tokens at positions start..start+T-1 through layers [first, stop) (None: the
+        last) -> (B, T, hidden), after the final norm unless final_norm is False (the residual stream a piece
+        of a step cut at a layer boundary hands on: executor.split)."""
         num_new = x.shape[1]
         positions = view.start[:, None] + torch.arange(num_new, device=x.device)  # (B, T)
         cos, sin = self._rope(positions, x.dtype)
         # Always masked: rows sit at different positions, and kv_len is static under CUDA graphs.
         hidden = view.hidden_keys(num_new)
-        for layer_idx, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, view, layer_idx, hidden)
-        return self.norm(x)
+        stop = len(self.layers) if stop is None else stop
+        for layer_idx in range(first, stop):
+            x = self.layers[layer_idx](x, cos, sin, view, layer_idx, hidden)
+        return self.norm(x) if final_norm else x

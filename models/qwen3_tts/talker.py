@@ -97,6 +97,17 @@ class Talker(nn.Module):
         hidden = self.model.run_layers(inputs, view)[:, -1]  # (B, H) after the final norm
         return hidden, self.codec_head(hidden)
 
+    def forward_layers(self, x: torch.Tensor, view: CacheView, first: int = 0, stop: int | None = None) -> torch.Tensor:
+        """A piece of forward_tokens cut at layer boundaries: the residual stream x (B, T, H) through layers
+        [first, stop), no final norm (executor.split)."""
+        return self.model.run_layers(x, view, first, stop, final_norm=False)
+
+    def head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream (B, H) after the last layer -> (hidden after the final norm, codec logits), as
+        forward_tokens returns them."""
+        hidden = self.model.norm(x)
+        return hidden, self.codec_head(hidden)
+
     def forward_prompts(
         self, inputs: torch.Tensor, view: CacheView, last: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -683,3 +683,21 @@ def test_opcode_affinity_moves_no_start_and_keeps_outputs(tiny_llama):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="CRITICAL_PATH option"):
         schedule_program(plain.program, num_sms=4, policy=SchedulingPolicy.ROUND_ROBIN, device=H200, affinity=True)
+
+
+def test_a_region_piece_keeps_the_embedding_at_layer_0_and_the_head_at_the_last_layer():
+    from tilevox.engine_builder.regions.spec import RegionSpec, region_spec
+    from tilevox.models.region_backends import CODE_PREDICTOR_LOOP, DECODER_STEP, TALKER_STEP
+
+    step = region_spec(DECODER_STEP)
+    assert step.piece(0, 3, 16) == RegionSpec.layers(0, 3, embed_input=True)
+    assert step.piece(3, 16, 16) == RegionSpec.layers(3, 16, lm_head=True)
+    assert step.piece(3, 9, 16) == RegionSpec.layers(3, 9)
+    assert step.piece(0, 16, 16) == RegionSpec.layers(0, 16, embed_input=True, lm_head=True)
+    assert region_spec(TALKER_STEP).piece(0, 7, 28) == RegionSpec.layers(0, 7)  # takes embeddings: no embed_input
+    with pytest.raises(ValueError, match="not within"):
+        step.piece(3, 17, 16)
+    with pytest.raises(ValueError, match="single-step decoder"):
+        region_spec(CODE_PREDICTOR_LOOP).piece(0, 1, 5)
+    with pytest.raises(ValueError, match="single-step decoder"):
+        RegionSpec.full_step(2).piece(0, 1, 16)

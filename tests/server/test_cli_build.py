@@ -108,6 +108,92 @@ def test_a_plan_dispatches_each_call_by_its_batch_bucket(tmp_path):
     assert dispatch[layout.name].num_above_largest == 0
 
 
+def test_a_plan_that_cuts_a_region_runs_it_in_pieces_with_the_same_tokens(tmp_path):
+    """Bucket 1 cuts the Llasa decoder step after layer 1 (megakernel, interpreter; then the graph), bucket 4
+    runs it whole on the graph: one stream's greedy tokens equal the plain model's, its steps went through the
+    pieces, three streams' through the graph; a cut of a region the executor does not run in pieces (NH-TTS's
+    decoder step) is a PlanError."""
+    from tilevox.engine_builder.plan import PlanError
+    from tilevox.executor.split import SplitDecoderStep
+    from tilevox.models.registry import load_model
+
+    def plan_for(layout, cut_bucket: int, whole_bucket: int | None) -> Plan:
+        n = layout.num_layers
+        cut = Composition(
+            (
+                Piece(region=layout.name, first_layer=0, stop_layer=1, head=False, backend=Backend.MEGAKERNEL),
+                Piece(region=layout.name, first_layer=1, stop_layer=n, head=True, backend=Backend.GRAPH),
+            )
+        )
+        whole = Composition((Piece(region=layout.name, first_layer=0, stop_layer=n, head=True, backend=Backend.GRAPH),))
+        buckets = [(cut_bucket, cut)] + ([] if whole_bucket is None else [(whole_bucket, whole)])
+        return Plan(
+            model="random:tiny",
+            provenance=provenance_here(torch.device("cpu")),
+            layout=(layout,),
+            buckets=tuple(
+                BucketPlan(batch=b, composition=c, predicted_step_s=1e-3, predicted_ttfa_s=2e-3, num_candidates=2)
+                for b, c in buckets
+            ),
+        )
+
+    greedy = SamplingParams.greedy()
+    tokens: dict[str, list[int]] = {"plain": [], "plan": []}
+    for which in tokens:
+        model = load_llasa("llama-tiny", device="cpu", dtype=torch.float32, max_streams=4)
+        (layout,) = model_layout(model)
+        assert layout.num_layers >= 2
+        if which == "plan":
+            plan = plan_for(layout, 1, 4)
+            save_plan(plan, tmp_path / "plan.json")
+            vm = BackendOptions(executor=Executor.VM)
+            dispatch = apply_plan(model, load_plan(tmp_path / "plan.json"), megakernel=vm)
+        model.token_observer = lambda _sid, tok, _w=which: tokens[_w].append(tok)
+        single = model.open_stream(SynthesisRequest(text="One", sampling=greedy, max_duration_s=0.1))
+        for _ in range(4):
+            model.step([single])
+    assert len(tokens["plain"]) >= 4 and tokens["plan"] == tokens["plain"]
+    ids = [
+        model.open_stream(SynthesisRequest(text=f"Three {n}", sampling=greedy, max_duration_s=0.1)) for n in range(3)
+    ]
+    for _ in range(2):
+        model.step(ids)
+    calls = dispatch[layout.name].calls
+    cut_label = f"{layout.name}[0-1]=mk {layout.name}[1-{layout.num_layers}+head]=graph"
+    assert calls[(1, cut_label)] >= 3 and calls[(4, "graph")] == 2
+    (split,) = [b for _, label, b in dispatch[layout.name].choices if label == cut_label]
+    assert isinstance(split, SplitDecoderStep) and split.num_split_calls == calls[(1, cut_label)]
+    nh = load_model("random:nh-tts-tiny")
+    (nh_layout,) = model_layout(nh)
+    with pytest.raises(PlanError, match="runs for decoder_step, talker_step only"):
+        apply_plan(nh, plan_for(nh_layout, 1, None), megakernel=BackendOptions(executor=Executor.VM))
+
+
+def test_build_with_splits_prices_cuts_and_measures_the_best_one(tmp_path):
+    """`--splits`: the candidates also cut the talker at layer boundaries; each bucket measures its best cut
+    candidate end to end besides the top one, and the plan it writes loads and runs whatever it picked."""
+    out = tmp_path / "build"
+    argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1,2", "--splits"]
+    argv += ["--megakernel-executor", "vm", "--warmup", "1", "--steps", "1", "--measure", "1", "--context", "64"]
+    assert main([*argv, "--out", str(out)]) == 0
+    report = json.loads((out / "build_report.json").read_text())
+    assert "cut candidates (--splits)" in report["note"]
+    for batch in ("1", "2"):
+        rows = report["candidates"][batch]
+        assert len(rows) > 8  # the 8 whole-region compositions and cuts of the talker
+        cut = [r for r in rows if any(p["region"] == "talker_step" and not p["head"] for p in r["composition"])]
+        assert cut and all(r["predicted_step_ms"] > 0 for r in cut)
+        measured = [r for r in rows if "measured_step_ms" in r]
+        assert len(measured) == 2 and rows[:2] == measured  # the top candidate and the best cut, measured
+        assert any(r in cut for r in measured)
+        assert measured[0]["measured_step_ms"] <= measured[1]["measured_step_ms"]
+    plan = load_plan(out / "plan.json", here=provenance_here(torch.device("cpu")))
+    wav = tmp_path / "x.wav"
+    synth = ["synth", "--model", "random:qwen3-tts-tiny", "--text", "Hi", "--out", str(wav), "--max-duration", "0.3"]
+    assert main([*synth, "--plan", str(out / "plan.json"), "--megakernel-executor", "vm", "--quiet"]) == 0
+    assert soundfile.read(wav)[0].size > 0 and len(plan.buckets) == 2
+
+
 def test_build_draws_the_timelines_of_the_chosen_megakernel_pieces(tmp_path, monkeypatch):
     """With profiles where the megakernel wins every region (stand-in timings), the plan chooses it and the
     build writes each chosen piece's simulated SM-queue timeline."""

@@ -1,0 +1,109 @@
+"""Regions run in pieces (executor.split) on the GPU: conventional pieces as CUDA graphs, megakernel pieces as
+captured launches of the CUDA megakernel. The Llama decoder step cut after layer 1 (megakernel, then graph;
+and graph, then megakernel) gives the conventional decode's logits within fp32 tolerance for three streams at
+different positions over several steps, its graph replays equal the same pieces run eagerly bit for bit, and the
+Qwen3-TTS talker step cut in half gives forward_tokens' hidden states and logits within bf16 tolerance.
+Needs an sm_90 GPU and libtilevox_kernels.so."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tilevox.engine_builder.regions import region_compiler
+from tilevox.executor.graphs import GraphOptions
+from tilevox.executor.megakernel import BackendOptions
+from tilevox.executor.split import SplitDecoderStep, SplitPiece, SplitTalkerStep
+from tilevox.models.llasa.loader import load_preset as load_llasa
+from tilevox.models.qwen3_tts.layers import CacheView
+from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
+from tilevox.models.qwen3_tts.model import ModelOptions
+
+pytestmark = [pytest.mark.gpu, pytest.mark.requires_megakernel]
+
+MK = BackendOptions(compiler=region_compiler())
+
+
+def _llama():
+    """The tiny Llasa preset's Llama (fp32) re-drawn to O(1) activations, as the megakernel GPU tests do."""
+    model = load_llasa("llama-tiny", device="cuda", dtype=torch.float32, max_streams=4, max_seq_len=256)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.llama.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            param.copy_(
+                1.0 + 0.1 * noise if param.dim() == 1 else noise if "embed" in name else noise / param.shape[1] ** 0.5
+            )
+    return model.llama
+
+
+def _caches(llama, count: int):
+    caches = [llama.new_cache(max_streams=4, max_seq_len=256) for _ in range(count)]
+    gen = torch.Generator().manual_seed(2)
+    for cache in caches:
+        for _ in range(4):
+            cache.allocate()
+    for slot, length in {3: 2, 0: 23, 2: 9}.items():
+        prompt = torch.randint(0, llama.config.vocab_size, (length,), generator=gen).cuda()
+        for cache in caches:
+            llama.prefill(cache, slot, prompt)
+    return caches
+
+
+@pytest.mark.parametrize("kinds", ["mg", "gm"])
+def test_llama_step_in_pieces_equals_decode_and_replays_equal_first_calls(kinds):
+    llama = _llama()
+    n = len(llama.model.layers)
+    pieces = [SplitPiece(0, 1, megakernel=kinds[0] == "m"), SplitPiece(1, n, megakernel=kinds[1] == "m")]
+    ref_cache, split_cache, again_cache = _caches(llama, 3)
+    split = SplitDecoderStep(llama, pieces, megakernel=MK)
+    slots = [3, 0, 2]
+    tokens = torch.tensor([5, 7, 11], device="cuda")
+    steps = []
+    for _ in range(4):
+        want = llama.decode(ref_cache, slots, tokens)
+        got = split(split_cache, slots, tokens)
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+        steps.append((tokens, got))
+        tokens = want.argmax(-1)
+    split.check()
+    assert split.num_split_calls == 4 and split.num_conventional_calls == 0
+    # the same pieces run eagerly (no graphs, launches not captured) against this one's replays: bit for bit
+    eager = dataclasses.replace(MK, cuda_graphs=False)
+    fresh = SplitDecoderStep(llama, pieces, graphs=GraphOptions(capture=False), megakernel=eager)
+    for step_tokens, got in steps:
+        assert torch.equal(fresh(again_cache, slots, step_tokens), got)
+    torch.cuda.synchronize()
+
+
+def test_talker_step_in_pieces_equals_forward_tokens_bf16():
+    talker = load_qwen3(
+        "qwen3-tts-tiny", device="cuda", dtype=torch.bfloat16, options=ModelOptions(max_streams=3, max_seq_len=256)
+    ).talker
+    n = talker.config.transformer.num_layers
+    hidden_size = talker.config.transformer.hidden_size
+    gen = torch.Generator().manual_seed(8)
+    caches = [talker.new_cache(num_slots=5, max_len=64) for _ in range(2)]
+    keys = torch.randn(caches[0].keys.shape, generator=gen).to("cuda", torch.bfloat16)
+    values = torch.randn(caches[0].values.shape, generator=gen).to("cuda", torch.bfloat16)
+    for cache in caches:
+        cache.keys.copy_(keys)
+        cache.values.copy_(values)
+    split = SplitTalkerStep(
+        talker, [SplitPiece(0, n // 2, megakernel=True), SplitPiece(n // 2, n, megakernel=False)], megakernel=MK
+    )
+    slots, starts = torch.tensor([2, 0, 4], device="cuda"), torch.tensor([17, 5, 9], device="cuda")
+    inputs = torch.randn(3, 1, hidden_size, generator=gen).to("cuda", torch.bfloat16)
+
+    def view(cache):
+        return CacheView(cache=cache, slots=slots, start=starts, kv_len=18)
+
+    with torch.no_grad():
+        for _ in range(2):  # the first call eager, the second a replay
+            got_hidden, got_logits = split(inputs, view(caches[0]))
+        want_hidden, want_logits = talker.forward_tokens(inputs, view(caches[1]))
+    split.check()
+    torch.testing.assert_close(got_hidden.float(), want_hidden.float(), atol=6e-2, rtol=6e-2)
+    torch.testing.assert_close(got_logits.float(), want_logits.float(), atol=6e-2, rtol=6e-2)
