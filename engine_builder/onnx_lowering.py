@@ -10,8 +10,10 @@ eager step: the eager step mutates the cache in place through advanced indexing 
 through a handle to a live launch, neither of which exports; the emitter states the step's dataflow and its
 KV-cache contract explicitly.
 
-Covered (whole regions only; OnnxLoweringError names anything else, e.g. a plan that cuts a region):
-Llasa's `decoder_step`, Qwen3-TTS's `talker_step` and `code_predictor_loop`, NH-TTS's `nh_decoder_step`.
+Covered: Llasa's `decoder_step`, Qwen3-TTS's `talker_step` and `code_predictor_loop`, NH-TTS's
+`nh_decoder_step`; a plan that cuts `decoder_step` or `talker_step` at layer boundaries lowers each bucket's step
+as one file of chained pieces with the same I/O (export_cut_step: a MegakernelRegion node per megakernel piece,
+each with its own `<region>.piece<i>.error` output). OnnxLoweringError names anything else.
 A plan's executor regions (Qwen3-TTS `codec_decode`) are the executor's, not lowered: export_plan skips them.
 
 Shapes: B = the bucket's batch; dtype = the model's; L layers, S cache slots, Hkv kv heads, T cache length,
@@ -102,6 +104,7 @@ __all__ = [
     "CacheLayout",
     "OnnxLoweringError",
     "export_code_predictor_loop",
+    "export_cut_step",
     "export_decoder_step",
     "export_nh_decoder_step",
     "export_plan",
@@ -291,19 +294,24 @@ def _layers(
     kv_only_last: bool = False,
     cache_out: tuple[str, str] | None = None,
     cross: _Cross | None = None,
+    first: int = 0,
+    stop: int | None = None,
 ) -> tuple[str, str, str]:
-    """One new position per row through every layer (pre-norm attention with optional per-head q/k RMSNorm,
-    then the SwiGLU MLP as a swiglu_mlp node); each layer's keys/values are written into the caches before
-    attention reads them. kv_only_last: the last layer only appends its keys/values (x is returned as it
-    entered it). With `cross` each layer attends its rows' encoder keys/values between self-attention and
-    the MLP (no RoPE). Returns (x, k_cache, v_cache); cache_out names the last layer's caches."""
+    """One new position per row through layers [first, stop) (None: the last; pre-norm attention with optional
+    per-head q/k RMSNorm, then the SwiGLU MLP as a swiglu_mlp node); each layer's keys/values are written into
+    the caches before attention reads them. kv_only_last: the last layer only appends its keys/values (x is
+    returned as it entered it). With `cross` each layer attends its rows' encoder keys/values between
+    self-attention and the MLP (no RoPE). Returns (x, k_cache, v_cache); cache_out names the last layer's
+    caches."""
     heads, kv_heads, dim = view.num_heads, view.num_kv_heads, view.head_dim
     half, eps = dim // 2, view.rms_norm_eps
     scale = dim**-0.5 if view.attn_scale is None else view.attn_scale
     scale_c = g.weight("attn_scale", torch.tensor(scale, dtype=view.dtype))  # scores are scaled in the model dtype
     k_cache, v_cache = caches
-    for i, layer in enumerate(view.layers):
-        p, last = f"layers.{i}", i == view.num_layers - 1
+    stop = view.num_layers if stop is None else stop
+    for i in range(first, stop):
+        layer = view.layers[i]
+        p, last = f"layers.{i}", i == stop - 1
         h = _rmsnorm(g, x, g.weight(f"{p}.ln1", layer.ln1), eps, dtype)
         q = g.op("Reshape", _linear(g, h, f"{p}.w_q.T", layer.w_q), g.const([batch, heads, dim]))
         k = g.op("Reshape", _linear(g, h, f"{p}.w_k.T", layer.w_k), g.const([batch, kv_heads, dim]))
@@ -450,16 +458,21 @@ def _megakernel_region(
     graph_inputs: set[str],
     constants: dict[str, torch.Tensor],
     renamed: dict[str, str],
+    bound: dict[str, str] | None = None,
 ) -> tuple[list[str], onnx.ValueInfoProto]:
     """One MegakernelRegion node: weights and `constants` as initializers, `graph_inputs` bound to the graph's
-    inputs of the same name; outputs named by `renamed`, else `<name>.<buffer>`. Returns (the node's output
-    names, the error output's value info)."""
+    inputs of the same name, `bound` buffers to the graph values it names (an earlier piece's outputs);
+    outputs named by `renamed`, else `<name>.<buffer>`. Returns (the node's output names, in the order of
+    node_io_buffers' outputs, then the error output; the error output's value info)."""
     program = region.program
     in_specs, out_specs = node_io_buffers(program)
+    bound = bound or {}
     names = []
     for spec in in_specs:
         if spec.kind is BufferKind.WEIGHT:
             names.append(g.init(f"{name}.{spec.name}", region.weights[spec.name]))
+        elif spec.name in bound:
+            names.append(bound[spec.name])
         elif spec.name in graph_inputs:
             names.append(spec.name)
         elif spec.name in constants:
@@ -713,6 +726,103 @@ def export_code_predictor_loop(
     return _finish(g, f"{CODE_PREDICTOR_LOOP}_b{batch}_{_kind(megakernel)}", inputs, outputs, doc=doc, props=props)
 
 
+# The regions a plan may cut at layer boundaries that lower as a chain of pieces (executor.split runs the same).
+_CUT_FAMILIES = {DECODER_STEP: ModelFamily.LLAMA, TALKER_STEP: ModelFamily.QWEN3_TTS_TALKER}
+
+
+def export_cut_step(
+    network: torch.nn.Module,
+    region: str,
+    pieces: Sequence[tuple[int, int, bool]],
+    *,
+    batch: int,
+    cache: CacheLayout,
+    tiling: TilingConfig | None = None,
+    num_sms: int = 132,
+) -> onnx.ModelProto:
+    """A decoder step (DECODER_STEP: Llama; TALKER_STEP: the Qwen3-TTS talker) cut at layer boundaries, as one
+    ONNX model with the whole step's I/O contract (module docstring): `pieces` lists (first, stop, megakernel)
+    in layer order, covering every layer. A megakernel piece is one MegakernelRegion node of the region
+    compiler's piece (RegionSpec.piece: the same compile as executor.split's), with an error output
+    `<region>.piece<i>.error`; a conventional piece is standard ops over its layers. The residual stream and
+    both caches flow from piece to piece; the last piece writes k_cache_out / v_cache_out."""
+    if region not in _CUT_FAMILIES:
+        raise OnnxLoweringError(f"region {region} is not lowered in pieces (cut regions: {', '.join(_CUT_FAMILIES)})")
+    view, dtype = _checked_view(network, _CUT_FAMILIES[region], f"export_cut_step({region})")
+    _check_batch(batch, cache)
+    n = view.num_layers
+    edges = [p[0] for p in pieces] + [pieces[-1][1]] if pieces else []
+    if not pieces or edges[0] != 0 or edges[-1] != n or any(a >= b for a, b in zip(edges, edges[1:])):
+        raise OnnxLoweringError(f"pieces {list(pieces)} do not cover layers [0, {n}) of {region} in order")
+    register_schemas()
+    g = _Graph()
+    cache_in, cache_out = _cache_values(view, cache, dtype)
+    llama = region == DECODER_STEP
+    step_in = _value("tokens", TensorProto.INT64, [batch]) if llama else _value("x_in", dtype, [batch, view.input_size])
+    inputs = [step_in, *_row_values(batch), *cache_in]
+    outputs = [] if llama else [_value("hidden", dtype, [batch, view.hidden_size])]
+    outputs += [_value("logits", dtype, [batch, view.heads[0].shape[0]]), *cache_out]
+    x, caches, rows = None if llama else "x_in", ("k_cache", "v_cache"), None
+    for i, (first, stop, megakernel) in enumerate(pieces):
+        last = stop == n
+        if megakernel:
+            compiled = compile_region(
+                network,
+                region_spec(region).piece(first, stop, n),
+                batch_size=batch,
+                max_context=cache.cache_len,
+                num_cache_slots=cache.num_slots,
+                cache_len=cache.cache_len,
+                tiling=tiling,
+                num_sms=num_sms,
+            )
+            renamed = {"k_cache": "k_cache_out", "v_cache": "v_cache_out", "s0.logits": "logits"} if last else {}
+            if last and not llama:
+                renamed["x_normed"] = "hidden"
+            bound = {"k_cache": caches[0], "v_cache": caches[1]}
+            if x is not None:
+                bound["x_in"] = x
+            names, error = _megakernel_region(
+                g,
+                f"{region}.piece{i}",
+                compiled,
+                graph_inputs={"tokens", "positions", "slots"},
+                constants=_greedy(batch) if last else {},
+                renamed=renamed,
+                bound=bound,
+            )
+            produced = dict(zip([s.name for s in node_io_buffers(compiled.program)[1]], names))
+            caches, x = (produced["k_cache"], produced["v_cache"]), produced.get("x_out")
+            outputs.append(error)
+            continue
+        if x is None:  # a conventional first piece of a token model embeds the tokens
+            x = g.op("Gather", g.init("embed_tokens", view.embed_tables[0]), "tokens", axis=0)  # (B, hidden)
+        if rows is None:
+            rows = _rows(g, view, "positions", "slots", batch, cache.cache_len, dtype)
+        x, k, v = _layers(
+            g,
+            view,
+            x,
+            rows,
+            "slots",
+            caches,
+            batch=batch,
+            dtype=dtype,
+            cache_out=_CACHE_OUT if last else None,
+            first=first,
+            stop=stop,
+        )
+        caches = (k, v)
+        if last:
+            normed = _rmsnorm(
+                g, x, g.init("final_norm", view.final_norm), view.rms_norm_eps, dtype, out=None if llama else "hidden"
+            )
+            head = "lm_head.T" if llama else "codec_head.T"
+            g.op("MatMul", normed, g.init(head, view.heads[0].detach().t().contiguous()), out="logits")
+    label = "_".join(f"{a}-{b}{'mk' if m else 'conv'}" for a, b, m in pieces)
+    return _finish(g, f"{region}_b{batch}_cut_{label}", inputs, outputs)
+
+
 def _weight_bytes(model: onnx.ModelProto) -> int:
     return sum(len(t.raw_data) for t in model.graph.initializer)
 
@@ -786,13 +896,23 @@ def export_plan(
     OnnxLoweringError for a region this module does not lower, a region the plan cuts (checked for every piece
     before anything is written) or a tiling other than the plan's."""
     executor = {r.name for r in plan.layout if r.executor}  # run by the executor, not lowered
-    pieces = [(b.batch, piece) for b in plan.buckets for piece in b.composition.pieces if piece.region not in executor]
-    for batch, piece in pieces:
-        if piece.first_layer != 0 or not piece.head:
-            raise OnnxLoweringError(f"bucket {batch} cuts region {piece.region}; only whole regions lower")
-        if piece.region not in _EXPORTS:
+    steps: list[tuple[int, str, list]] = []  # (batch, region, its pieces in layer order)
+    for bucket in plan.buckets:
+        for piece in bucket.composition.pieces:
+            if piece.region in executor:
+                continue
+            if steps and steps[-1][:2] == (bucket.batch, piece.region):
+                steps[-1][2].append(piece)
+            else:
+                steps.append((bucket.batch, piece.region, [piece]))
+    for batch, region, pieces in steps:
+        if region not in _EXPORTS:
             raise OnnxLoweringError(
-                f"region {piece.region} has no ONNX lowering yet (covered: {', '.join(lowerable_regions())})"
+                f"region {region} has no ONNX lowering yet (covered: {', '.join(lowerable_regions())})"
+            )
+        if _is_cut(pieces) and region not in _CUT_FAMILIES:
+            raise OnnxLoweringError(
+                f"bucket {batch} cuts region {region}; cut regions lower for {', '.join(_CUT_FAMILIES)} only"
             )
     if plan.tiling is not None:
         recorded = TilingConfig.from_dict(plan.tiling)
@@ -800,19 +920,34 @@ def export_plan(
             raise OnnxLoweringError(f"the plan was measured with tiling {recorded}, not {tiling}")
         tiling = recorded
     written = []
-    for batch, piece in pieces:
-        step = export_region(
-            model,
-            piece.region,
-            batch=batch,
-            megakernel=piece.backend is Backend.MEGAKERNEL,
-            tiling=tiling,
-            num_sms=num_sms,
-        )
-        written.append(save_onnx(step, Path(out_dir) / f"{piece.region}_b{batch}.onnx"))
-        if piece.region == CODE_PREDICTOR_LOOP and piece.backend is not Backend.MEGAKERNEL:
+    for batch, region, pieces in steps:
+        if _is_cut(pieces):
+            step = export_cut_step(
+                region_module(model, region),
+                region,
+                [(p.first_layer, p.stop_layer, p.backend is Backend.MEGAKERNEL) for p in pieces],
+                batch=batch,
+                cache=_cache_layout(model, region),
+                tiling=tiling,
+                num_sms=num_sms,
+            )
+        else:
+            step = export_region(
+                model,
+                region,
+                batch=batch,
+                megakernel=pieces[0].backend is Backend.MEGAKERNEL,
+                tiling=tiling,
+                num_sms=num_sms,
+            )
+        written.append(save_onnx(step, Path(out_dir) / f"{region}_b{batch}.onnx"))
+        if region == CODE_PREDICTOR_LOOP and pieces[0].backend is not Backend.MEGAKERNEL:
             log.warning("%s: the conventional code-predictor loop is greedy only (no sampling inputs)", written[-1])
     return written
+
+
+def _is_cut(pieces: Sequence) -> bool:
+    return len(pieces) > 1 or pieces[0].first_layer != 0 or not pieces[0].head
 
 
 _EXPORTS = {

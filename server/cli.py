@@ -824,7 +824,8 @@ def _add_build(subparsers) -> None:
         "--onnx",
         action="store_true",
         help="also write <out>/onnx/<region>_b<batch>.onnx per bucket: megakernel regions as MegakernelRegion "
-        "plugin nodes, conventional ones as ONNX ops with swiglu_mlp plugin nodes (Llasa decoder_step only)",
+        "plugin nodes, conventional ones as ONNX ops with swiglu_mlp plugin nodes, a cut step as its chained pieces "
+        "(decoder steps of Llama networks, NH-TTS; the Qwen3-TTS talker and code predictor; not the codec decode)",
     )
     p.add_argument("--out", required=True, type=Path, help="directory for plan.json and build_report.json")
     p.add_argument(

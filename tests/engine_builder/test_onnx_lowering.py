@@ -25,6 +25,7 @@ from tilevox.engine_builder.onnx_lowering import (  # noqa: E402
     CacheLayout,
     OnnxLoweringError,
     export_code_predictor_loop,
+    export_cut_step,
     export_decoder_step,
     export_nh_decoder_step,
     export_plan,
@@ -141,8 +142,8 @@ def test_unsupported_regions_and_cuts_are_refused(tiny_llama):
     # the same region declared an executor region of the plan is the executor's: skipped, nothing written
     executor = RegionLayout(name="codec_decode", num_layers=1, cuttable=False, executor=True)
     assert export_plan(model, plan(codec, (executor,)), "unused") == []
-    cut = Piece(region="decoder_step", first_layer=0, stop_layer=1, head=False, backend=Backend.MEGAKERNEL)
-    with pytest.raises(OnnxLoweringError, match="cuts region decoder_step"):
+    cut = Piece(region="nh_decoder_step", first_layer=0, stop_layer=1, head=False, backend=Backend.MEGAKERNEL)
+    with pytest.raises(OnnxLoweringError, match="cuts region nh_decoder_step"):
         export_plan(model, plan(cut), "unused")
     with pytest.raises(OnnxLoweringError, match="batch 5"):
         export_decoder_step(tiny_llama, batch=5, cache=CACHE, megakernel=False)
@@ -351,6 +352,94 @@ def test_build_onnx_writes_qwen3_tts_regions(tmp_path, capsys, monkeypatch, winn
     assert backends == {winner}
     assert {p.name for p in (out / "onnx").iterdir()} == written
     assert written == {f"{r}_b{b}.onnx" for r in ("talker_step", "code_predictor_loop") for b in (1, 2)}
+
+
+# --- steps cut at layer boundaries ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kinds", ["mc", "cm", "mm"])
+def test_a_cut_llama_step_reproduces_the_pytorch_step(tiny_llama, primed, kinds):
+    """The decoder step cut after layer 1: one file of chained pieces with the whole step's I/O; a megakernel
+    node per megakernel piece (each with its error output), the reference evaluator equal to decode."""
+    n = tiny_llama.config.num_hidden_layers
+    pieces = [(0, 1, kinds[0] == "m"), (1, n, kinds[1] == "m")]
+    model = export_cut_step(tiny_llama, "decoder_step", pieces, batch=2, cache=CACHE)
+    kinds_of = [(node.domain, node.op_type) for node in model.graph.node]
+    assert kinds_of.count(("tilevox", MEGAKERNEL_REGION)) == kinds.count("m")
+    assert kinds_of.count(("tilevox", "swiglu_mlp")) == sum(b - a for a, b, m in pieces if not m)
+    slots, tokens = [3, 1], torch.tensor([7, 11])
+    feeds = {
+        "tokens": tokens.numpy(),
+        "positions": np.array([primed.lengths[s] for s in slots]),
+        "slots": np.array(slots),
+        "k_cache": primed.k.numpy().copy(),
+        "v_cache": primed.v.numpy().copy(),
+    }
+    out = _evaluate(model, feeds)
+    expected = tiny_llama.decode(primed, slots, tokens)
+    close = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["logits"], expected, **close)
+    torch.testing.assert_close(out["k_cache_out"], primed.k, **close)
+    torch.testing.assert_close(out["v_cache_out"], primed.v, **close)
+    errors = [name for name in out if name.endswith(".error")]
+    assert len(errors) == kinds.count("m") and not any(out[name].any() for name in errors)
+
+
+@pytest.mark.parametrize("kinds", ["mc", "cm"])
+def test_a_cut_talker_step_reproduces_forward_tokens(qwen3, talker_cache, kinds):
+    talker, slots, positions = qwen3.talker, [2, 0], [5, 2]
+    n = talker.config.transformer.num_layers
+    x = torch.randn(2, 1, talker.config.transformer.hidden_size, generator=torch.Generator().manual_seed(1))
+    pieces = [(0, n // 2, kinds[0] == "m"), (n // 2, n, kinds[1] == "m")]
+    model = export_cut_step(talker, "talker_step", pieces, batch=2, cache=TALKER_CACHE)
+    feeds = {
+        "x_in": x[:, 0].numpy(),
+        "positions": np.array(positions),
+        "slots": np.array(slots),
+        "k_cache": talker_cache.keys.numpy().copy(),
+        "v_cache": talker_cache.values.numpy().copy(),
+    }
+    out = _evaluate(model, feeds)
+    view = CacheView(cache=talker_cache, slots=torch.tensor(slots), start=torch.tensor(positions), kv_len=16)
+    with torch.no_grad():
+        hidden, logits = talker.forward_tokens(x, view)
+    close = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["hidden"], hidden, **close)
+    torch.testing.assert_close(out["logits"], logits, **close)
+    torch.testing.assert_close(out["k_cache_out"], talker_cache.keys, **close)
+    torch.testing.assert_close(out["v_cache_out"], talker_cache.values, **close)
+
+
+def test_a_plan_that_cuts_a_step_lowers_it_as_one_file(tmp_path):
+    """export_plan: a bucket cutting Llasa's decoder step writes decoder_step_b<B>.onnx of its pieces (one
+    conventional layer, then a megakernel node); pieces that do not cover the layers, or a cut of a region
+    that is not lowered in pieces, are refused."""
+    from tilevox.engine_builder.build import provenance_here
+    from tilevox.engine_builder.composition import Composition, model_layout
+    from tilevox.engine_builder.plan import BucketPlan, Plan
+    from tilevox.models.llasa.loader import load_preset as load_llasa
+
+    speech = load_llasa("llama-tiny", device="cpu", dtype=torch.float32, max_streams=2, max_seq_len=32)
+    (layout,) = model_layout(speech)
+    n = layout.num_layers
+    cut = Composition(
+        (
+            Piece(region="decoder_step", first_layer=0, stop_layer=1, head=False, backend=Backend.GRAPH),
+            Piece(region="decoder_step", first_layer=1, stop_layer=n, head=True, backend=Backend.MEGAKERNEL),
+        )
+    )
+    plan = Plan(
+        model="random:llama-tiny",
+        provenance=provenance_here(torch.device("cpu")),
+        layout=(layout,),
+        buckets=(BucketPlan(batch=2, composition=cut, predicted_step_s=1e-3, predicted_ttfa_s=1e-3, num_candidates=2),),
+    )
+    (path,) = export_plan(speech, plan, tmp_path)
+    assert path.name == "decoder_step_b2.onnx"
+    nodes = [node.op_type for node in onnx.load(str(path)).graph.node]
+    assert nodes.count(MEGAKERNEL_REGION) == 1 and nodes.count("swiglu_mlp") == 1
+    with pytest.raises(OnnxLoweringError, match="do not cover"):
+        export_cut_step(speech.llama, "decoder_step", [(0, 1, True)], batch=1, cache=CACHE)
+    with pytest.raises(OnnxLoweringError, match="not lowered in pieces"):
+        export_cut_step(speech.llama, "nh_decoder_step", [(0, 1, True), (1, n, False)], batch=1, cache=CACHE)
 
 
 # --- NH-TTS ------------------------------------------------------------------------------------------------------
