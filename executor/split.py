@@ -26,7 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-from tilevox.executor.graphs import BATCH_BUCKETS, GraphOptions, _Graphs, batch_bucket, key_bucket
+from tilevox.executor.graphs import (
+    BATCH_BUCKETS,
+    RECOMPILE_LIMIT,
+    GraphOptions,
+    _Graphs,
+    batch_bucket,
+    key_bucket,
+)
 from tilevox.executor.megakernel import (
     BackendOptions,
     Executor,
@@ -122,7 +129,9 @@ class _SplitRegion:
     def _compiled(self, fn: Callable[..., object], piece: SplitPiece) -> Callable[..., object]:
         if not piece.compiled:
             return fn
+        # as executor.graphs: a recompile past the limit is an error, never a silent uncompiled path
         torch._dynamo.config.fail_on_recompile_limit_hit = True
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         return torch.compile(fn, fullgraph=True)
 
     def _fallback(self, reason: str) -> None:
@@ -230,6 +239,7 @@ class SplitDecoderStep(_SplitRegion):
 
         return span
 
+    @torch.no_grad()
     def __call__(self, cache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor:
         slots = [int(s) for s in slots]
         if token_ids.dim() != 1 or not cache.takes_decode(slots, token_ids.shape[0]):
@@ -304,6 +314,7 @@ class SplitTalkerStep(_SplitRegion):
 
         return span
 
+    @torch.no_grad()
     def __call__(self, inputs: torch.Tensor, view: CacheView) -> tuple[torch.Tensor, torch.Tensor]:
         batch, num_new = inputs.shape[:2]
         try:
