@@ -13,9 +13,10 @@ models.region_backends, engine_builder.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from tilevox.engine_builder.composition import Piece
+from tilevox.engine_builder.composition import Backend, Piece
 from tilevox.engine_builder.regions.compiler import CompiledRegion, compile_region
 from tilevox.engine_builder.regions.cost import H200, DeviceCosts
 from tilevox.engine_builder.regions.schedule import simulate
@@ -58,6 +59,13 @@ class SimulatedMegakernelCost:
         if key not in self._times:
             self._times[key] = self.compile(piece, batch).predicted_time_s
         return self._times[key]
+
+    def share(self, piece: Piece, batch: int, num_layers: int) -> float:
+        """The piece's simulated time over its whole region's (layers [0, num_layers) with the head), both as
+        megakernels: how a region's measured time divides among its pieces."""
+        piece = dataclasses.replace(piece, backend=Backend.MEGAKERNEL)  # one compile per piece, whatever runs it
+        whole = dataclasses.replace(piece, first_layer=0, stop_layer=num_layers, head=True)
+        return self(piece, batch) / self(whole, batch)
 
     def compile(self, piece: Piece, batch: int) -> CompiledRegion:
         """The piece compiled for `batch` rows (its program holds the SM queues the time comes from)."""

@@ -4,6 +4,7 @@ search's pick per batch, the model's category, and plans that round-trip and ref
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -271,6 +272,32 @@ def test_simulated_megakernel_costs_compile_each_piece_once():
     )  # slow enough that megakernels win
     ranked = search(layout, 2, conventional=conventional, megakernel=llama_cost)
     assert ranked[0].composition.num_megakernels >= 1 and len(ranked) == len(enumerate_compositions(layout))
+
+
+def test_a_cut_region_divides_its_measured_time_by_simulated_shares():
+    """build._SimulatedShares: a whole region costs what was measured; a piece its simulated share of that,
+    the same share whatever backend runs it; of the tiny Llasa's two layers, the piece with the last layer and the
+    head takes more than the first (and more than an even share), and complementary pieces share about the whole."""
+    from tilevox.engine_builder.build import _SimulatedShares
+    from tilevox.engine_builder.composition import model_layout
+    from tilevox.engine_builder.simulated_costs import SimulatedMegakernelCost
+    from tilevox.models.llasa.loader import load_preset as load_llasa
+
+    llasa = load_llasa("llama-tiny", device="cpu", dtype=torch.float32)
+    layout = model_layout(llasa)
+    (region,) = layout
+    n = region.num_layers
+    measured = ConventionalCosts(layer_s={("decoder_step", G, 1): 1e-3 / n}, head_s={("decoder_step", G, 1): 0.0})
+    simulated = SimulatedMegakernelCost(llasa, context=64)
+    shares = _SimulatedShares(measured, simulated, layout)
+    whole = Piece(region="decoder_step", first_layer=0, stop_layer=n, head=True, backend=G)
+    first = Piece(region="decoder_step", first_layer=0, stop_layer=n - 1, head=False, backend=G)
+    last = Piece(region="decoder_step", first_layer=n - 1, stop_layer=n, head=True, backend=G)
+    assert shares.piece_s(whole, 1) == pytest.approx(1e-3)
+    assert shares.piece_s(last, 1) > 1e-3 / n  # more than an even share: it holds the head
+    assert shares.piece_s(last, 1) > shares.piece_s(first, 1)
+    assert 0.8e-3 < shares.piece_s(first, 1) + shares.piece_s(last, 1) < 1.5e-3
+    assert simulated.share(last, 1, n) == simulated.share(dataclasses.replace(last, backend=M), 1, n)
 
 
 def test_a_megakernel_piece_timeline_is_drawn(tmp_path):
