@@ -209,8 +209,13 @@ def regionally_compiled(module: torch.nn.Module, backend: str) -> Iterator[int]:
         raise ValueError(f"{type(module).__name__} has no repeated blocks to compile")
     for block in blocks:
         block.compile(backend=backend, fullgraph=True)
+    # A block class whose forward reads an int attribute (LlamaAttention's layer_idx) is compiled once per block:
+    # Dynamo specialises the int. Past the recompile limit (8) fullgraph makes that a hard failure (H100,
+    # 2026-12-07, b3d00b8: Llama-3.2-1B's 16 layers), so the limit covers every block, twice (two batch shapes).
+    limit = max(torch._dynamo.config.recompile_limit, 2 * len(blocks))
     try:
-        yield len(blocks)
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            yield len(blocks)
     finally:
         for block in blocks:
             block._compiled_call_impl = None  # what nn.Module.compile set: calls go to forward again
