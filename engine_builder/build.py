@@ -9,8 +9,8 @@ grid), which the executor runs in pieces (executor.split). Profiling is measured
 batch bucket it runs `SpeechModel.step` of B streams with every region on each backend (an executor region on
 its graph in every conventional pass) and times each region's phase (engine_builder.profile.region_times: the
 models label each phase with its region's name, the codec decode included); a region's measured time is the
-conventional cost of its layers (spread evenly over them, its head included) or the megakernel's time for the
-whole region (a piece of it: that time scaled by the simulated tile graphs, see build_plan). The search ranks
+conventional cost of its layers and head, or the megakernel's time for the whole region (a piece of a cut region:
+that time times the piece's share of the simulated tile graphs, see build_plan). The search ranks
 every candidate per bucket (engine_builder.composition.search); the plan records the winner, and the report
 every candidate's prediction. A candidate's predicted step time is anchored on one measured whole step per
 bucket with every region conventional (`step_time_ms`, no per-region syncs): its regions' times plus what
@@ -109,7 +109,8 @@ class _SimulatedShares:
     weighs each layer and the head by their bytes and FLOPs instead of spreading the region evenly over its
     layers: the head (Llasa-1B's 193,800-row lm_head: 29 % of the weights a step reads) stays with the piece
     that runs it. Measured on an H100 (2026-12-07, b3d00b8), the even spread predicted Llasa-1B's cut after
-    layer 12 (megakernel, then graph with the head) 12 % fast. Duck-types composition.ConventionalCosts for predict_step_s."""
+    layer 12 (megakernel, then graph with the head) 12 % fast; these shares, 0.0 % (benchmarks.reprice_build).
+    Duck-types composition.ConventionalCosts for predict_step_s."""
 
     def __init__(self, measured: ConventionalCosts, simulated: SimulatedMegakernelCost, layout: Sequence[RegionLayout]):
         self.measured, self.simulated, self.layout = measured, simulated, layout
@@ -246,12 +247,12 @@ def build_plan(
     (profile.settle).
 
     With `splits`, the candidates also cut the regions the executor runs in pieces (split_compositions). A
-    megakernel piece of part of a region is priced as the region's measured megakernel time scaled by the
-    simulated time of the piece over that of the whole region (SimulatedMegakernelCost at `split_context`
-    keys per stream: the tile-graph simulation says how the time divides, the measurement how long it is);
-    a conventional piece as its layers' share of the measured region. With `measure_top` > 0 the best split
-    candidate of each bucket is also measured end to end (whatever its rank), so the report shows how a cut
-    measures against its prediction."""
+    piece of a cut region, megakernel or conventional, is priced as the region's measured time on that
+    backend times the piece's share of the region's simulated tile graphs (SimulatedMegakernelCost.share at
+    `split_context` keys per stream: the simulation says how the time divides among the layers and the head,
+    the measurement how long it is; _SimulatedShares). With `measure_top` > 0 the best cut candidate of each
+    bucket is also measured end to end (whatever its rank), so the report shows how a cut measures against
+    its prediction."""
     megakernel = _with_compiler(megakernel)
     tiling = megakernel_tiling(megakernel)
     batches = sorted(set(batches))
