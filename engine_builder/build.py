@@ -29,7 +29,8 @@ import dataclasses
 import datetime
 import logging
 import math
-from collections.abc import Callable, Sequence
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,11 +40,14 @@ from tilevox.engine_builder.composition import (
     Backend,
     Composition,
     ConventionalCosts,
+    CutCosts,
     Piece,
     RegionLayout,
+    cuts_s,
     enumerate_compositions,
     iter_pieces,
     model_layout,
+    num_cuts,
     search,
 )
 from tilevox.engine_builder.plan import BucketPlan, Plan, PlanError, Provenance
@@ -61,6 +65,8 @@ __all__ = [
     "BuildResult",
     "apply_plan",
     "build_plan",
+    "fit_cut_costs",
+    "fitted_cut_costs",
     "install_composition",
     "megakernel_tiling",
     "profile_cache_for",
@@ -160,6 +166,35 @@ class BuildResult:
     ranked: dict[int, list[dict]]  # batch -> every candidate's prediction (and measurement), best first
     unavailable: dict[str, str]  # backend -> why it was not profiled
     anchor_times_ms: dict[int, list[float]] = dataclasses.field(default_factory=dict)  # batch -> each timed step
+    # the price of a cut the search used, where it came from, and what this build's measured cuts fitted
+    cut_costs: dict = dataclasses.field(default_factory=dict)
+
+
+def fit_cut_costs(
+    buckets: Mapping[int, Sequence[tuple[Composition, float, float]]], layout: Sequence[RegionLayout]
+) -> tuple[float, list[float]] | None:
+    """The price of one cut, fitted from measured cut and whole candidates: per bucket, (composition, measured
+    seconds, predicted seconds without any cut price) of each measured candidate. Within a bucket the whole
+    candidates' mean residual (measured - predicted) is the prediction's own bias there; each cut candidate's
+    residual beyond that bias, over its number of cuts inside regions, is one sample of a cut's cost. Returns
+    (the median sample, clamped at zero: a cut never saves time by itself; every sample) or None where no bucket
+    measured both kinds."""
+    samples: list[float] = []
+    for measured in buckets.values():
+        whole = [m - p for c, m, p in measured if not _is_cut(c, layout)]
+        cut = [(c, m - p) for c, m, p in measured if _is_cut(c, layout) and num_cuts(c) > 0]
+        if whole and cut:
+            bias = sum(whole) / len(whole)
+            samples += [(residual - bias) / num_cuts(c) for c, residual in cut]
+    if not samples:
+        return None
+    return max(0.0, statistics.median(samples)), samples
+
+
+def fitted_cut_costs(cut_s: float) -> CutCosts:
+    """The search's cut price from a fitted cost of one cut (fit_cut_costs): that cost as the launch gap, no
+    separate prefetch stall (the fit includes it), the boundary tensor's round trip as before."""
+    return CutCosts(launch_gap_s=cut_s, prefetch_stall_s=0.0)
 
 
 def _composition_backend(
@@ -252,7 +287,9 @@ def build_plan(
     `split_context` keys per stream: the simulation says how the time divides among the layers and the head,
     the measurement how long it is; _SimulatedShares). With `measure_top` > 0 the best cut candidate of each
     bucket is also measured end to end (whatever its rank), so the report shows how a cut measures against
-    its prediction."""
+    its prediction, and the measured cut and whole candidates fit the price of one cut (fit_cut_costs). That
+    price goes into `cache`; a later build of the same model on this machine searches with it instead of
+    CutCosts' nominal defaults (BuildResult.cut_costs says which it used)."""
     megakernel = _with_compiler(megakernel)
     tiling = megakernel_tiling(megakernel)
     batches = sorted(set(batches))
@@ -403,8 +440,14 @@ def build_plan(
     anchor_backends = {r.name: _pass_backend(r, anchor_backend) for r in layout}
 
     simulated = SimulatedMegakernelCost(model, context=split_context, tiling=tiling) if splits else None
+    cuts, cut_source = CutCosts(), "default"
+    cut_key = {**timing, **mk_key}
     if splits:
         conventional = _SimulatedShares(conventional, simulated, layout)
+        hit = cache.get("cut_cost", **cut_key) if cache is not None else None
+        if hit is not None:  # fitted by an earlier build of this model on this machine (fit_cut_costs)
+            cuts, cut_source = fitted_cut_costs(hit["s"]), "profile cache (fitted by an earlier build)"
+    fit_data: dict[int, list[tuple[Composition, float, float]]] = {}
 
     def megakernel_s(piece: Piece, batch: int) -> float:
         whole_s = measured[(piece.region, Backend.MEGAKERNEL.value, batch)] * 1e-3
@@ -419,7 +462,9 @@ def build_plan(
             progress(f"simulating {len(list(iter_pieces(candidates)))} megakernel pieces")
     buckets, ranked_report = [], {}
     for batch in batches:
-        ranked = search(layout, batch, conventional=conventional, megakernel=megakernel_s, candidates=candidates)
+        ranked = search(
+            layout, batch, conventional=conventional, megakernel=megakernel_s, cuts=cuts, candidates=candidates
+        )
         base = next(r for r in ranked if all(p.backend is anchor_backends[p.region] for p in r.composition.pieces))
         rest_ms = anchor_ms[batch] - base.step_s * 1e3
         ranked_report[batch] = [
@@ -428,6 +473,7 @@ def build_plan(
                 # the regions as the search priced them, plus the anchor's time outside its regions
                 "predicted_regions_ms": r.step_s * 1e3 if math.isfinite(r.step_s) else None,  # None: not measurable
                 "predicted_step_ms": (r.step_s * 1e3 + rest_ms) if math.isfinite(r.step_s) else None,
+                "predicted_cuts_ms": cuts_s(r.composition, layout, batch, cuts) * 1e3,  # the cut prices in it
                 "composition": r.composition.to_list(),
             }
             for r in ranked
@@ -465,10 +511,19 @@ def build_plan(
                 row["measured_step_times_ms"] = times_ms
                 row["prediction_error"] = row["predicted_step_ms"] / step_ms - 1.0
                 measured_steps.append(step_ms)
+                uncut_ms = row["predicted_step_ms"] - row["predicted_cuts_ms"]
+                fit_data.setdefault(batch, []).append((candidate.composition, step_ms * 1e-3, uncut_ms * 1e-3))
             fastest = min(range(len(top)), key=measured_steps.__getitem__)
             ranked = [top[fastest], *(r for r in ranked if r is not top[fastest])]
             ranked_report[batch].insert(0, ranked_report[batch].pop(fastest))
         buckets.append(BucketPlan.best_of(batch, ranked))
+    cut_costs: dict = {"used_cut_s": cuts.launch_gap_s, "used_prefetch_stall_s": cuts.prefetch_stall_s}
+    cut_costs["source"] = cut_source
+    fit = fit_cut_costs(fit_data, layout) if splits else None
+    if fit is not None:
+        cut_costs.update(fitted_cut_s=fit[0], samples_s=fit[1])
+        if cache is not None:  # a later build of this model here searches with it (measured or not)
+            cache.put("cut_cost", {"s": fit[0]}, **cut_key)
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     provenance = this_machine(model.device, commit=commit, profile_date=now)
     recorded = tiling if Backend.MEGAKERNEL in profiled else None
@@ -487,6 +542,7 @@ def build_plan(
         anchor_times_ms=anchor_times_ms,
         ranked=ranked_report,
         unavailable=unavailable,
+        cut_costs=cut_costs,
     )
 
 

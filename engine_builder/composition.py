@@ -47,9 +47,11 @@ __all__ = [
     "RegionLayout",
     "classify",
     "enumerate_compositions",
+    "cuts_s",
     "iter_pieces",
     "megakernel_layer_share",
     "model_layout",
+    "num_cuts",
     "predict_step_s",
     "search",
 ]
@@ -315,15 +317,26 @@ def predict_step_s(
 ) -> float:
     """Predicted time of one frame (or step) of `batch` streams under `composition` (no cut priced into or
     out of an executor region)."""
-    boundary = {r.name: r.boundary_bytes_per_row for r in layout}
-    executor = {r.name for r in layout if r.executor}
     total = 0.0
     for piece in composition.pieces:
         total += megakernel(piece, batch) if piece.backend is Backend.MEGAKERNEL else conventional.piece_s(piece, batch)
-    for producer, consumer in itertools.pairwise(composition.pieces):
-        if producer.region not in executor and consumer.region not in executor:
-            total += cuts.cut_s(producer, consumer, boundary[consumer.region], batch)
-    return total
+    return total + cuts_s(composition, layout, batch, cuts)
+
+
+def cuts_s(composition: Composition, layout: Sequence[RegionLayout], batch: int, cuts: CutCosts = CutCosts()) -> float:
+    """The part of predict_step_s that prices the composition's cuts (none into or out of an executor region)."""
+    boundary = {r.name: r.boundary_bytes_per_row for r in layout}
+    executor = {r.name for r in layout if r.executor}
+    return sum(
+        cuts.cut_s(producer, consumer, boundary[consumer.region], batch)
+        for producer, consumer in itertools.pairwise(composition.pieces)
+        if producer.region not in executor and consumer.region not in executor
+    )
+
+
+def num_cuts(composition: Composition) -> int:
+    """Cuts inside a region: neighbouring pieces of one region (the boundaries between regions are not cuts)."""
+    return sum(p.region == q.region for p, q in itertools.pairwise(composition.pieces))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -908,6 +908,7 @@ def _run_build(args: argparse.Namespace) -> int:
         "anchor_step_ms": {str(batch): ms for batch, ms in result.anchor_ms.items()},
         "anchor_step_times_ms": {str(batch): times for batch, times in result.anchor_times_ms.items()},
         "candidates": {str(batch): ranked for batch, ranked in result.ranked.items()},
+        "cut_costs": result.cut_costs,
         "category": category.category.value,
         "category_why": category.reason,
         "profile_cache": {
@@ -951,6 +952,15 @@ def _run_build(args: argparse.Namespace) -> int:
     for what, why in result.unavailable.items():
         print(f"not profiled: {what}: {why}")
     print(f"category: {category.category.value} ({category.reason})")
+    if args.splits:
+        costs = result.cut_costs
+        line = f"price of a cut: {costs['used_cut_s'] * 1e6:.1f} us ({costs['source']})"
+        if "fitted_cut_s" in costs:
+            line += (
+                f"; fitted from this build's measured cuts: {costs['fitted_cut_s'] * 1e6:.1f} us "
+                f"(median of {len(costs['samples_s'])}; kept in the profile cache for the next build)"
+            )
+        print(line)
     print(f"profile cache {cache_path or '(none)'}: {cache.hits} measurements reused, {cache.misses} made")
     print(f"wrote {args.out / 'plan.json'} and {args.out / 'build_report.json'}")
     if args.onnx:

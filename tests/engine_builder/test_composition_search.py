@@ -300,6 +300,36 @@ def test_a_cut_region_divides_its_measured_time_by_simulated_shares():
     assert simulated.share(last, 1, n) == simulated.share(dataclasses.replace(last, backend=M), 1, n)
 
 
+def test_the_price_of_a_cut_is_fitted_from_measured_cut_and_whole_candidates():
+    """build.fit_cut_costs: per bucket the whole candidates' mean residual is the bias; a cut candidate's
+    residual beyond it, per cut inside a region, is one sample; the median sample, clamped at zero."""
+    from tilevox.engine_builder.build import fit_cut_costs, fitted_cut_costs
+    from tilevox.engine_builder.composition import num_cuts
+
+    layout = [TALKER, PREDICTOR]
+    whole_mk = Composition((_piece(0, 8, M), _piece(0, 5, M, region="code_predictor_loop", last=5)))
+    whole_g = Composition((_piece(0, 8, G), _piece(0, 5, M, region="code_predictor_loop", last=5)))
+    one_cut = Composition((_piece(0, 4, M), _piece(4, 8, M), _piece(0, 5, M, region="code_predictor_loop", last=5)))
+    two_cuts = Composition(
+        (_piece(0, 2, M), _piece(2, 4, G), _piece(4, 8, M), _piece(0, 5, M, region="code_predictor_loop", last=5))
+    )
+    assert (num_cuts(whole_mk), num_cuts(one_cut), num_cuts(two_cuts)) == (0, 1, 2)
+    ms = 1e-3
+    buckets = {
+        # bias (0.1 + 0.3) / 2 = 0.2 ms; the cut's sample (0.7 - 0.2) / 1 = 0.5 ms
+        1: [(whole_mk, 10.1 * ms, 10.0 * ms), (whole_g, 12.3 * ms, 12.0 * ms), (one_cut, 10.7 * ms, 10.0 * ms)],
+        8: [(whole_mk, 20.0 * ms, 20.0 * ms), (two_cuts, 21.4 * ms, 20.0 * ms)],  # bias 0: (1.4 - 0) / 2 cuts
+        32: [(one_cut, 30.0 * ms, 29.0 * ms)],  # no whole candidate measured: no sample
+    }
+    fitted, samples = fit_cut_costs(buckets, layout)
+    assert samples == pytest.approx([0.5 * ms, 0.7 * ms]) and fitted == pytest.approx(0.6 * ms)
+    faster = {1: [(whole_mk, 10.0 * ms, 10.0 * ms), (one_cut, 9.8 * ms, 10.0 * ms)]}  # a cut measured faster
+    assert fit_cut_costs(faster, layout)[0] == 0.0
+    assert fit_cut_costs({1: [(whole_mk, 10 * ms, 10 * ms)]}, layout) is None
+    costs = fitted_cut_costs(0.6 * ms)
+    assert costs.launch_gap_s == 0.6 * ms and costs.prefetch_stall_s == 0.0
+
+
 def test_a_megakernel_piece_timeline_is_drawn(tmp_path):
     """The simulated SM queues of a piece as a PNG; its makespan is the piece's simulated time."""
     from tilevox.engine_builder.simulated_costs import SimulatedMegakernelCost

@@ -169,7 +169,7 @@ def test_a_plan_that_cuts_a_region_runs_it_in_pieces_with_the_same_tokens(tmp_pa
         apply_plan(nh, plan_for(nh_layout, 1, None), megakernel=BackendOptions(executor=Executor.VM))
 
 
-def test_build_with_splits_prices_cuts_and_measures_the_best_one(tmp_path):
+def test_build_with_splits_prices_cuts_and_measures_the_best_one(tmp_path, capsys):
     """`--splits`: the candidates also cut the talker at layer boundaries; each bucket measures its best cut
     candidate end to end besides the top one, and the plan it writes loads and runs whatever it picked."""
     out = tmp_path / "build"
@@ -187,11 +187,18 @@ def test_build_with_splits_prices_cuts_and_measures_the_best_one(tmp_path):
         assert len(measured) == 2 and rows[:2] == measured  # the top candidate and the best cut, measured
         assert any(r in cut for r in measured)
         assert measured[0]["measured_step_ms"] <= measured[1]["measured_step_ms"]
+    costs = report["cut_costs"]  # the measured cut and whole candidates fitted the price of a cut
+    assert costs["source"] == "default" and costs["fitted_cut_s"] >= 0 and len(costs["samples_s"]) >= 2
+    assert "fitted from this build's measured cuts" in capsys.readouterr().out
     plan = load_plan(out / "plan.json", here=provenance_here(torch.device("cpu")))
     wav = tmp_path / "x.wav"
     synth = ["synth", "--model", "random:qwen3-tts-tiny", "--text", "Hi", "--out", str(wav), "--max-duration", "0.3"]
     assert main([*synth, "--plan", str(out / "plan.json"), "--megakernel-executor", "vm", "--quiet"]) == 0
     assert soundfile.read(wav)[0].size > 0 and len(plan.buckets) == 2
+    # a rebuild into the same folder searches with the fitted price, from the profile cache
+    assert main([*argv, "--out", str(out)]) == 0
+    again = json.loads((out / "build_report.json").read_text())["cut_costs"]
+    assert again["source"].startswith("profile cache") and again["used_cut_s"] == costs["fitted_cut_s"]
 
 
 def test_build_draws_the_timelines_of_the_chosen_megakernel_pieces(tmp_path, monkeypatch):
