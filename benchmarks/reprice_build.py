@@ -6,7 +6,8 @@ graphs on this CPU), so that a change of the pricing is checked against steps th
     python -m benchmarks.reprice_build benchmarks/results/build_h100_b3d00b8/build_llama-1b ... --out PATH
 
 Prints, per build and bucket, each measured candidate's predicted step under the report's pricing and under
-today's, with both errors, and which candidate today's search ranks first; writes the rows as JSON.
+today's, with both errors, and which candidate today's search ranks first; per build, the price of a cut that
+engine_builder.build.fit_cut_costs fits from its measured cut and whole candidates; writes the rows as JSON.
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ from pathlib import Path
 
 import torch
 
-from tilevox.engine_builder.build import _SimulatedShares, _whole
-from tilevox.engine_builder.composition import Backend, Composition, ConventionalCosts, model_layout, predict_step_s
+from tilevox.engine_builder.build import _SimulatedShares, _whole, fit_cut_costs
+from tilevox.engine_builder.composition import (
+    Backend,
+    Composition,
+    ConventionalCosts,
+    CutCosts,
+    cuts_s,
+    model_layout,
+    predict_step_s,
+)
 from tilevox.engine_builder.regions import TilingConfig
 from tilevox.engine_builder.simulated_costs import SimulatedMegakernelCost
 from tilevox.models.registry import load_model
@@ -48,7 +57,7 @@ def reprice(build_dir: Path, context: int) -> list[dict]:
         whole_s = measured[(piece.region, Backend.MEGAKERNEL.value, batch)] * 1e-3
         return whole_s if _whole(piece, layout) else whole_s * simulated.share(piece, batch, layers[piece.region])
 
-    rows = []
+    rows, fit_data = [], {}
     for batch_text, candidates in report["candidates"].items():
         batch = int(batch_text)
         step_s = {}
@@ -66,6 +75,9 @@ def reprice(build_dir: Path, context: int) -> list[dict]:
             if "measured_step_ms" not in row:
                 continue
             today = step_s[row["label"]] * 1e3 + rest_ms
+            composition = Composition.from_list(row["composition"])
+            uncut_ms = today - cuts_s(composition, layout, batch, CutCosts()) * 1e3
+            fit_data.setdefault(batch, []).append((composition, row["measured_step_ms"] * 1e-3, uncut_ms * 1e-3))
             rows.append(
                 {
                     "model": plan["model"],
@@ -81,6 +93,14 @@ def reprice(build_dir: Path, context: int) -> list[dict]:
                 }
             )
         rows.append({"model": plan["model"], "batch": batch, "ranked_first_now": best})
+    fit = fit_cut_costs(fit_data, layout)
+    rows.append(
+        {
+            "model": plan["model"],
+            "fitted_cut_s": None if fit is None else fit[0],
+            "cut_samples_s": [] if fit is None else fit[1],
+        }
+    )
     return rows
 
 
@@ -94,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | batch | candidate | cut | measured ms | predicted then | error then | predicted now | error now |")
     print("|---|---:|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
+        if "fitted_cut_s" in r:
+            samples = ", ".join(f"{x * 1e6:+.0f}" for x in r["cut_samples_s"])
+            fitted = "none" if r["fitted_cut_s"] is None else f"{r['fitted_cut_s'] * 1e6:.1f} us"
+            print(
+                f"| {r['model']} | | price of a cut fitted (build.fit_cut_costs): {fitted}; samples us: {samples} | | | | | | |"
+            )
+            continue
         if "ranked_first_now" in r:
             print(f"| {r['model']} | {r['batch']} | today's first: {r['ranked_first_now']} | | | | | | |")
             continue
