@@ -4,8 +4,9 @@ and `apply_plan`, which makes a model follow a plan at run time.
 The build covers what the executor can run: each decoder region whole, either as the executor's CUDA graph
 of the conventional path or as one megakernel launch, and each executor region that has a megakernel backend
 (the Qwen3-TTS codec decode) whole, on the executor's graph as served or on that backend; with `splits`, also
-the Llama decoder step and the Qwen3-TTS talker step cut at layer boundaries (engine_builder.composition's
-grid), which the executor runs in pieces (executor.split). Profiling is measured, not simulated: for every
+the Llama decoder step, the Qwen3-TTS talker step and the NH-TTS decoder step cut at layer boundaries
+(engine_builder.composition's grid), which the executor runs in pieces (executor.split). Profiling is
+measured, not simulated: for every
 batch bucket it runs `SpeechModel.step` of B streams with every region on each backend (an executor region on
 its graph in every conventional pass) and times each region's phase (engine_builder.profile.region_times: the
 models label each phase with its region's name, the codec decode included); a region's measured time is the
@@ -91,8 +92,8 @@ def split_compositions(
     layout: Sequence[RegionLayout], backends: Sequence[Backend], *, max_megakernels: int = 4
 ) -> list[Composition]:
     """The compositions that cut a region at layer boundaries (engine_builder.composition's grid: a quarter of
-    the longest region), restricted to what the executor runs in pieces (executor.split: the Llama decoder
-    step and the Qwen3-TTS talker step) on the profiled `backends`; every other region whole."""
+    the longest region), restricted to what the executor runs in pieces (executor.split.SPLIT_BACKENDS) on the
+    profiled `backends`; every other region whole."""
     conventional = tuple(b for b in backends if b.is_conventional) or (Backend.GRAPH,)
     allowed = {r.name: {_pass_backend(r, b) for b in backends} for r in layout}
     out = []

@@ -14,8 +14,9 @@ their captured launches, each piece reading the previous piece's output buffer o
 
 A call that a split cannot take runs the conventional path whole and logs why once (a prefill, a batch above
 max_batch, another KV cache, a bucket a megakernel piece does not compile for): never silently. Regions that
-split: DECODER_STEP (Llama networks: LlamaForCausalLM.embed / forward_layers / head) and TALKER_STEP (the
-Qwen3-TTS talker: forward_layers / head). Imports: torch, models, this package.
+split: DECODER_STEP (Llama networks: LlamaForCausalLM.embed / forward_layers / head), TALKER_STEP (the
+Qwen3-TTS talker: forward_layers / head) and NH_DECODER_STEP (NH-TTS: the decoder's embeddings / forward_layers,
+the network's head; cross-attention in every layer). Imports: torch, models, this package.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ import torch
 
 from tilevox.executor.graphs import (
     BATCH_BUCKETS,
+    MIN_TEXT_BUCKET,
     RECOMPILE_LIMIT,
     GraphOptions,
     _Graphs,
     batch_bucket,
     key_bucket,
+    length_bucket,
 )
 from tilevox.executor.megakernel import (
     BackendOptions,
@@ -47,10 +50,17 @@ from tilevox.executor.megakernel import (
 )
 from tilevox.models.decoder_view import decoder_view
 from tilevox.models.qwen3_tts.layers import CacheView
-from tilevox.models.region_backends import DECODER_STEP, TALKER_STEP, region_module
+from tilevox.models.region_backends import DECODER_STEP, NH_DECODER_STEP, TALKER_STEP, region_module
 from tilevox.trt_plugins.megakernel.instructions import BufferKind
 
-__all__ = ["SPLIT_BACKENDS", "SplitDecoderStep", "SplitPiece", "SplitTalkerStep", "make_split_backend"]
+__all__ = [
+    "SPLIT_BACKENDS",
+    "SplitDecoderStep",
+    "SplitNhDecoderStep",
+    "SplitPiece",
+    "SplitTalkerStep",
+    "make_split_backend",
+]
 
 log = logging.getLogger("tilevox.executor")
 
@@ -357,8 +367,119 @@ class SplitTalkerStep(_SplitRegion):
         return hidden[:batch].clone(), logits[:batch].clone()
 
 
+class SplitNhDecoderStep(_SplitRegion):
+    """NhTtsNetwork.step of one new position per cache row (codes (B, 1, C) -> logits (B, C, V)), in pieces:
+    the summed codebook embeddings are computed first (as the megakernel backend computes them), then each
+    piece's layers (self-attention, cross-attention over the rows' encoder keys/values, MLP), the final norm and
+    the all-channel head on the last piece."""
+
+    name = NH_DECODER_STEP
+
+    def __init__(
+        self,
+        network: torch.nn.Module,
+        pieces: Sequence[SplitPiece],
+        graphs: GraphOptions | None = None,
+        megakernel: BackendOptions | None = None,
+    ) -> None:
+        self.nh = network
+        super().__init__(network, pieces, graphs, megakernel)
+
+    def _span_function(self, piece: SplitPiece) -> Callable[..., object]:
+        last = piece.stop == self.num_layers
+
+        def span(x: torch.Tensor, where: torch.Tensor, keys: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+            h = self.nh.decoder.forward_layers(
+                self._cache,
+                where[:, 0],
+                where[:, 1:2],
+                x[:, None],
+                num_keys=keys.shape[0],
+                num_text=text.shape[0],
+                first=piece.first,
+                stop=piece.stop,
+            )[:, -1]
+            return self.nh.head(h) if last else h
+
+        return span
+
+    @torch.no_grad()
+    def __call__(self, cache, rows: Sequence[int], codes: torch.Tensor) -> torch.Tensor:
+        rows = [int(r) for r in rows]
+        if codes.dim() != 3 or codes.shape[0] != len(rows) or len(set(rows)) != len(rows):
+            return self.nh.step(cache, rows, codes)  # not a fallback: step raises its own error
+        batch, steps = codes.shape[:2]
+        if any(not cache.is_allocated(r) or cache.lengths[r] + steps > cache.max_seq_len for r in rows):
+            return self.nh.step(cache, rows, codes)  # not a fallback: step raises its own error
+        try:
+            if steps != 1:
+                raise _CallUnsupported(f"{steps} new positions per row (a prompt prefill)")
+            empty = [r for r in rows if cache.text_lengths[r] < 1]
+            if empty:
+                raise _CallUnsupported(f"cache rows {empty} have no encoder keys/values (text length 0)")
+            self._check_call(batch, cache)
+            bucket = self._bucket(batch, cache.max_rows)
+            compiled = self._compile_pieces(
+                bucket,
+                {
+                    "max_context": cache.max_seq_len,
+                    "num_cache_slots": cache.max_rows,
+                    "cache_len": cache.max_seq_len,
+                    "cross_cache_len": cache.max_text_len,
+                },
+            )
+        except _CallUnsupported as exc:
+            self._fallback(str(exc))
+            return self.nh.step(cache, rows, codes)
+        self._cache = cache
+        positions = [cache.lengths[r] for r in rows]
+        texts = [cache.text_lengths[r] for r in rows]
+        pad = bucket - batch
+        padded_rows, padded_positions, padded_texts = (
+            rows + rows[:1] * pad,
+            positions + positions[:1] * pad,
+            texts + texts[:1] * pad,
+        )
+        keys = key_bucket(max(positions) + 1, cache.max_seq_len)
+        text = length_bucket(max(texts), MIN_TEXT_BUCKET, cache.max_text_len)
+        pinned = self.device.type == "cuda"
+        host_where = torch.tensor(list(zip(padded_rows, padded_positions)), dtype=torch.int64, pin_memory=pinned)
+        where = host_where.to(self.device, non_blocking=pinned)
+        x = self.nh.decoder.embeddings(codes[_pad_index(batch, bucket, codes.device)])[:, 0]  # (bucket, hidden)
+        mk_bound = {
+            "positions": torch.tensor(padded_positions, dtype=torch.int64),
+            "slots": torch.tensor(padded_rows, dtype=torch.int64),
+            "text_lengths": torch.tensor(padded_texts, dtype=torch.int64),
+            "k_cache": cache.self_k,
+            "v_cache": cache.self_v,
+            "cross_k_cache": cache.cross_k,
+            "cross_v_cache": cache.cross_v,
+        }
+        for i, piece in enumerate(self.pieces):
+            last = piece.stop == self.num_layers
+            if piece.megakernel:
+                out = self._run_megakernel(i, compiled[i], x, mk_bound, bucket)
+                dec = self.nh.config.decoder
+                x = out["s0.logits"].view(bucket, dec.num_channels, dec.vocab_size) if last else out["x_out"]
+            else:
+                x = self._graphs[i].run(
+                    (bucket, keys, text),
+                    self._functions[i],
+                    {"x": x, "where": where, "keys": self._span(keys), "text": self._span(text)},
+                    dynamic={"x": (0,), "where": (0,), "keys": (0,), "text": (0,)},
+                )
+        for r in rows:
+            cache.lengths[r] += 1
+        self.num_split_calls += 1
+        return x[:batch].clone()
+
+
 # Region name (models.region_backends) -> the split backend that runs it in pieces; each takes the region's network.
-SPLIT_BACKENDS: dict[str, type[_SplitRegion]] = {DECODER_STEP: SplitDecoderStep, TALKER_STEP: SplitTalkerStep}
+SPLIT_BACKENDS: dict[str, type[_SplitRegion]] = {
+    DECODER_STEP: SplitDecoderStep,
+    TALKER_STEP: SplitTalkerStep,
+    NH_DECODER_STEP: SplitNhDecoderStep,
+}
 
 
 def make_split_backend(

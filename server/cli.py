@@ -809,9 +809,10 @@ def _add_build(subparsers) -> None:
     p.add_argument(
         "--splits",
         action="store_true",
-        help="also search compositions that cut the Llama decoder step or the Qwen3-TTS talker step at layer "
-        "boundaries (megakernel pieces priced by the measured region scaled by simulated tile graphs); with "
-        "--measure, each bucket's best cut candidate is measured too",
+        help="also search compositions that cut the Llama decoder step, the Qwen3-TTS talker step or the NH-TTS "
+        "decoder step at layer boundaries (each piece priced as its share of the measured region by simulated tile "
+        "graphs, plus the price of a cut); with --measure, each bucket's best cut candidate is measured too and the "
+        "price of a cut is fitted and kept in the profile cache",
     )
     p.add_argument(
         "--context",

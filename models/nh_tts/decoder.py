@@ -203,14 +203,32 @@ class NhDecoder(nn.Module):
         """`forward` on device tensors only (no host bookkeeping, so it can be captured in a CUDA graph): rows
         `index` (B,), their positions (B, T), codes (B, T, C); keys [0, num_keys) and text [0, num_text) are
         read, each row masked to its own position and text length. The caller advances cache.lengths."""
-        device = codes.device
-        x = self.embeddings(codes)
+        x = self.forward_layers(cache, index, positions, self.embeddings(codes), num_keys=num_keys, num_text=num_text)
+        return self.norm(x[:, -1])
+
+    def forward_layers(
+        self,
+        cache: NhDecoderCache,
+        index: torch.Tensor,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        *,
+        num_keys: int,
+        num_text: int,
+        first: int = 0,
+        stop: int | None = None,
+    ) -> torch.Tensor:
+        """The residual stream x (B, T, hidden) through layers [first, stop) (None: the last), as forward_static
+        runs them, no final norm: a piece of a step cut at layer boundaries (executor.split)."""
+        device = x.device
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
         key_pos = torch.arange(num_keys, device=device)
         self_mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, keys)
         text_pos = torch.arange(num_text, device=device)
         cross_mask = (text_pos[None, :] < cache.text_lengths_device[index][:, None])[:, None, None]  # (B, 1, 1, text)
-        for layer_id, layer in enumerate(self.layers):
+        stop = len(self.layers) if stop is None else stop
+        for layer_id in range(first, stop):
+            layer = self.layers[layer_id]
             h = layer.pre_sa_norm(x)
             attn = layer.self_attention
             q = apply_rope(attn.queries(h), cos, sin)
@@ -232,7 +250,7 @@ class NhDecoder(nn.Module):
             ck, cv = cache.cross_k[layer_id][index, :, :num_text], cache.cross_v[layer_id][index, :, :num_text]
             x = x + cross.o_proj(attend(cross.queries(h), ck, cv, cross_mask))
             x = x + layer.mlp(layer.pre_mlp_norm(x))
-        return self.norm(x[:, -1])
+        return x
 
 
 class _DiaModel(nn.Module):
@@ -337,6 +355,11 @@ class NhTtsNetwork(nn.Module):
     @torch.no_grad()
     def encode_text(self, input_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         return self.encoder(input_ids, valid)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual stream (B, hidden) after the last decoder layer -> logits (B, C, V), as step returns them."""
+        dec = self.config.decoder
+        return self.logits_dense(self.decoder.norm(x)).view(x.shape[0], dec.num_channels, dec.vocab_size)
 
     @torch.no_grad()
     def step(self, cache: NhDecoderCache, rows: Sequence[int], codes: torch.Tensor) -> torch.Tensor:

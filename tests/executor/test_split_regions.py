@@ -1,6 +1,7 @@
 """Regions run in pieces cut at layer boundaries (executor.split) on CPU, the megakernel pieces through the VM:
-every split of the Llama decoder step and the Qwen3-TTS talker step (conventional and megakernel pieces in
-any order, two to four pieces) gives the conventional call's logits, hidden states and cache writes (fp32)
+every split of the Llama decoder step, the Qwen3-TTS talker step and the NH-TTS decoder step (conventional and
+megakernel pieces in any order, two to four pieces) gives the conventional call's logits, hidden states and cache
+writes (fp32)
 for a padded batch of streams at different positions; a whole utterance through a split gives the same
 tokens and audio; a call a split cannot take runs whole on the conventional path and says why; pieces that
 do not cover the region are refused."""
@@ -164,6 +165,45 @@ def test_llasa_utterance_with_a_split_decoder_equals_the_conventional_one():
     assert len(tokens["ref"]) >= 10 and tokens["split"] == tokens["ref"]
     np.testing.assert_allclose(got.samples, ref.samples, atol=1e-5)
     assert backend.num_split_calls == ref.num_frames - 1 and backend.num_conventional_calls == 0
+
+
+@pytest.mark.parametrize("kinds", ["mg", "gm", "mm"])
+def test_nh_tts_decoder_step_in_pieces_equals_step(kinds):
+    """NH-TTS (cross-attention in every layer): rows 4, 1, 2 at positions 3, 9, 1 with text lengths 5, 24, 11 (a
+    bucket of 4), three steps: NhTtsNetwork.step's logits and self-attention caches, lengths advanced per real
+    row, row 6 untouched."""
+    from tilevox.executor.split import SplitNhDecoderStep
+    from tilevox.models.nh_tts.loader import load_preset as load_nh_tts
+
+    network = load_nh_tts("nh-tts-tiny", device="cpu", dtype=torch.float32, max_streams=3).network
+    config = network.config
+    n = config.decoder.num_hidden_layers
+    assert n >= 2
+    channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
+    rows, positions, texts = [4, 1, 2, 6], [3, 9, 1, 7], [5, 24, 11, 8]
+    gen = torch.Generator().manual_seed(3)
+    caches = [network.new_cache(max_rows=8, max_seq_len=40, max_text_len=24) for _ in range(2)]
+    encoded = torch.randn(len(rows), 24, config.encoder.hidden_size, generator=gen)
+    valid = torch.arange(24)[None, :] < torch.tensor(texts)[:, None]
+    prefixes = [torch.randint(0, vocab, (1, length, channels), generator=gen) for length in positions]
+    for cache in caches:
+        cache.claim(rows)
+        network.decoder.write_cross(cache, rows, encoded, valid)
+        for row, prefix in zip(rows, prefixes):
+            network.step(cache, [row], prefix)
+    untouched = caches[0].self_k[:, 6].clone()
+    split = SplitNhDecoderStep(network, _pieces([0, n // 2, n], kinds), megakernel=VM)
+    for _ in range(3):
+        codes = torch.randint(0, vocab, (3, 1, channels), generator=gen)
+        got = split(caches[0], rows[:3], codes)
+        want = network.step(caches[1], rows[:3], codes)
+        assert got.shape == want.shape == (3, channels, vocab)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-5)
+        assert caches[0].lengths == caches[1].lengths
+    torch.testing.assert_close(caches[0].self_k, caches[1].self_k, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(caches[0].self_v, caches[1].self_v, atol=ATOL, rtol=1e-5)
+    assert torch.equal(caches[0].self_k[:, 6], untouched)
+    assert split.num_split_calls == 3 and split.num_conventional_calls == 0
 
 
 def test_a_call_a_split_cannot_take_runs_whole_and_says_why(caplog):

@@ -111,10 +111,12 @@ def test_a_plan_dispatches_each_call_by_its_batch_bucket(tmp_path):
 def test_a_plan_that_cuts_a_region_runs_it_in_pieces_with_the_same_tokens(tmp_path):
     """Bucket 1 cuts the Llasa decoder step after layer 1 (megakernel, interpreter; then the graph), bucket 4
     runs it whole on the graph: one stream's greedy tokens equal the plain model's, its steps went through the
-    pieces, three streams' through the graph; a cut of a region the executor does not run in pieces (NH-TTS's
-    decoder step) is a PlanError."""
+    pieces, three streams' through the graph; NH-TTS's decoder step cut the same way applies too; a cut of a region
+    the executor does not run in pieces (the code predictor's loop) is a PlanError."""
+    from tilevox.engine_builder.build import _composition_backend
     from tilevox.engine_builder.plan import PlanError
-    from tilevox.executor.split import SplitDecoderStep
+    from tilevox.executor.graphs import GraphOptions
+    from tilevox.executor.split import SplitDecoderStep, SplitNhDecoderStep
     from tilevox.models.registry import load_model
 
     def plan_for(layout, cut_bucket: int, whole_bucket: int | None) -> Plan:
@@ -165,8 +167,15 @@ def test_a_plan_that_cuts_a_region_runs_it_in_pieces_with_the_same_tokens(tmp_pa
     assert isinstance(split, SplitDecoderStep) and split.num_split_calls == calls[(1, cut_label)]
     nh = load_model("random:nh-tts-tiny")
     (nh_layout,) = model_layout(nh)
-    with pytest.raises(PlanError, match="runs for decoder_step, talker_step only"):
-        apply_plan(nh, plan_for(nh_layout, 1, None), megakernel=BackendOptions(executor=Executor.VM))
+    nh_dispatch = apply_plan(nh, plan_for(nh_layout, 1, None), megakernel=BackendOptions(executor=Executor.VM))
+    ((_, _, nh_split),) = nh_dispatch[nh_layout.name].choices
+    assert isinstance(nh_split, SplitNhDecoderStep)  # NH-TTS's decoder step (cross-attention) runs in pieces too
+    predictor_cut = [
+        Piece(region="code_predictor_loop", first_layer=0, stop_layer=2, head=False, backend=Backend.MEGAKERNEL),
+        Piece(region="code_predictor_loop", first_layer=2, stop_layer=5, head=True, backend=Backend.GRAPH),
+    ]
+    with pytest.raises(PlanError, match="runs for decoder_step, talker_step, nh_decoder_step only"):
+        _composition_backend(nh, predictor_cut, {}, graphs=GraphOptions(), megakernel=BackendOptions())
 
 
 def test_build_with_splits_prices_cuts_and_measures_the_best_one(tmp_path, capsys):
