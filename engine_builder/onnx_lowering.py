@@ -11,7 +11,7 @@ through a handle to a live launch, neither of which exports; the emitter states 
 KV-cache contract explicitly.
 
 Covered: Llasa's `decoder_step`, Qwen3-TTS's `talker_step` and `code_predictor_loop`, NH-TTS's
-`nh_decoder_step`; a plan that cuts `decoder_step` or `talker_step` at layer boundaries lowers each bucket's step
+`nh_decoder_step`; a plan that cuts one of these decoder steps at layer boundaries lowers each bucket's step
 as one file of chained pieces with the same I/O (export_cut_step: a MegakernelRegion node per megakernel piece,
 each with its own `<region>.piece<i>.error` output). OnnxLoweringError names anything else.
 A plan's executor regions (Qwen3-TTS `codec_decode`) are the executor's, not lowered: export_plan skips them.
@@ -383,12 +383,33 @@ def _conventional_talker_step(g: _Graph, view: DecoderView, batch: int, cache: C
     g.op("MatMul", hidden, g.init("codec_head.T", view.heads[0].detach().t().contiguous()), out="logits")
 
 
-def _conventional_nh_step(g: _Graph, view: DecoderView, batch: int, cache: CacheLayout, dtype: int) -> None:
-    rows = _rows(g, view, "positions", "slots", batch, cache.cache_len, dtype)
-    # encoder position s of row b is visible iff s < text_lengths[b]
+def _nh_cross(g: _Graph, cache: CacheLayout) -> _Cross:
+    """The cross caches (graph inputs) and each row's text mask: encoder position s of row b is visible iff
+    s < text_lengths[b]."""
     visible = g.op("Less", g.const(np.arange(cache.text_len)[None, :]), g.op("Unsqueeze", "text_lengths", g.const([1])))
     mask = g.op("Where", visible, g.const(0.0, np.float32), g.const(-np.inf, np.float32))
-    cross = _Cross("cross_k_cache", "cross_v_cache", g.op("Unsqueeze", mask, g.const([1, 2])))
+    return _Cross("cross_k_cache", "cross_v_cache", g.op("Unsqueeze", mask, g.const([1, 2])))
+
+
+def _nh_inputs(view: DecoderView, batch: int, cache: CacheLayout, dtype: int) -> list[onnx.ValueInfoProto]:
+    """An NH-TTS step's inputs (module docstring), the self caches' included."""
+    if cache.text_len is None or view.cross is None:
+        raise OnnxLoweringError("an NH-TTS step needs the cross caches' text_len (CacheLayout.text_len)")
+    cs = view.cross
+    cross_shape = [view.num_layers, cache.num_slots, cs.num_kv_heads, cache.text_len, cs.head_dim]
+    return [
+        _value("x_in", dtype, [batch, view.input_size]),
+        *_row_values(batch),
+        _value("text_lengths", TensorProto.INT64, [batch]),
+        *_cache_values(view, cache, dtype)[0],
+        _value("cross_k_cache", dtype, cross_shape),
+        _value("cross_v_cache", dtype, cross_shape),
+    ]
+
+
+def _conventional_nh_step(g: _Graph, view: DecoderView, batch: int, cache: CacheLayout, dtype: int) -> None:
+    rows = _rows(g, view, "positions", "slots", batch, cache.cache_len, dtype)
+    cross = _nh_cross(g, cache)
     x, _, _ = _layers(
         g,
         view,
@@ -629,21 +650,10 @@ def export_nh_decoder_step(
     export_decoder_step (the compile of executor.megakernel.MegakernelNhDecoderStep)."""
     view, dtype = _checked_view(network, ModelFamily.NH_TTS, "export_nh_decoder_step")
     _check_batch(batch, cache)
-    if cache.text_len is None or view.cross is None:
-        raise OnnxLoweringError("an NH-TTS step needs the cross caches' text_len (CacheLayout.text_len)")
+    inputs = _nh_inputs(view, batch, cache, dtype)
     register_schemas()
     g = _Graph()
-    cache_in, cache_out = _cache_values(view, cache, dtype)
-    cs = view.cross
-    cross_shape = [view.num_layers, cache.num_slots, cs.num_kv_heads, cache.text_len, cs.head_dim]
-    inputs = [
-        _value("x_in", dtype, [batch, view.input_size]),
-        *_row_values(batch),
-        _value("text_lengths", TensorProto.INT64, [batch]),
-        *cache_in,
-        _value("cross_k_cache", dtype, cross_shape),
-        _value("cross_v_cache", dtype, cross_shape),
-    ]
+    cache_out = _cache_values(view, cache, dtype)[1]
     outputs = [_value("logits", dtype, [batch, view.heads[0].shape[0]]), *cache_out]
     if megakernel:
         region = _compile_cached(
@@ -727,7 +737,11 @@ def export_code_predictor_loop(
 
 
 # The regions a plan may cut at layer boundaries that lower as a chain of pieces (executor.split runs the same).
-_CUT_FAMILIES = {DECODER_STEP: ModelFamily.LLAMA, TALKER_STEP: ModelFamily.QWEN3_TTS_TALKER}
+_CUT_FAMILIES = {
+    DECODER_STEP: ModelFamily.LLAMA,
+    TALKER_STEP: ModelFamily.QWEN3_TTS_TALKER,
+    NH_DECODER_STEP: ModelFamily.NH_TTS,
+}
 
 
 def export_cut_step(
@@ -740,9 +754,10 @@ def export_cut_step(
     tiling: TilingConfig | None = None,
     num_sms: int = 132,
 ) -> onnx.ModelProto:
-    """A decoder step (DECODER_STEP: Llama; TALKER_STEP: the Qwen3-TTS talker) cut at layer boundaries, as one
-    ONNX model with the whole step's I/O contract (module docstring): `pieces` lists (first, stop, megakernel)
-    in layer order, covering every layer. A megakernel piece is one MegakernelRegion node of the region
+    """A decoder step (DECODER_STEP: Llama; TALKER_STEP: the Qwen3-TTS talker; NH_DECODER_STEP: NH-TTS, from the
+    summed codebook embeddings, cross-attention in every layer) cut at layer boundaries, as one ONNX model with
+    the whole step's I/O contract (module docstring): `pieces` lists (first, stop, megakernel) in layer order,
+    covering every layer. A megakernel piece is one MegakernelRegion node of the region
     compiler's piece (RegionSpec.piece: the same compile as executor.split's), with an error output
     `<region>.piece<i>.error`; a conventional piece is standard ops over its layers. The residual stream and
     both caches flow from piece to piece; the last piece writes k_cache_out / v_cache_out."""
@@ -754,15 +769,22 @@ def export_cut_step(
     edges = [p[0] for p in pieces] + [pieces[-1][1]] if pieces else []
     if not pieces or edges[0] != 0 or edges[-1] != n or any(a >= b for a, b in zip(edges, edges[1:])):
         raise OnnxLoweringError(f"pieces {list(pieces)} do not cover layers [0, {n}) of {region} in order")
+    nh = region == NH_DECODER_STEP
+    inputs = _nh_inputs(view, batch, cache, dtype) if nh else []  # checks the cross layout first
     register_schemas()
     g = _Graph()
     cache_in, cache_out = _cache_values(view, cache, dtype)
-    llama = region == DECODER_STEP
-    step_in = _value("tokens", TensorProto.INT64, [batch]) if llama else _value("x_in", dtype, [batch, view.input_size])
-    inputs = [step_in, *_row_values(batch), *cache_in]
-    outputs = [] if llama else [_value("hidden", dtype, [batch, view.hidden_size])]
+    llama, talker = region == DECODER_STEP, region == TALKER_STEP
+    if not nh:
+        step_in = (
+            _value("tokens", TensorProto.INT64, [batch]) if llama else _value("x_in", dtype, [batch, view.input_size])
+        )
+        inputs = [step_in, *_row_values(batch), *cache_in]
+    outputs = [_value("hidden", dtype, [batch, view.hidden_size])] if talker else []
     outputs += [_value("logits", dtype, [batch, view.heads[0].shape[0]]), *cache_out]
     x, caches, rows = None if llama else "x_in", ("k_cache", "v_cache"), None
+    cross = _nh_cross(g, cache) if nh else None
+    extra = {"text_lengths", "cross_k_cache", "cross_v_cache"} if nh else set()
     for i, (first, stop, megakernel) in enumerate(pieces):
         last = stop == n
         if megakernel:
@@ -775,9 +797,10 @@ def export_cut_step(
                 cache_len=cache.cache_len,
                 tiling=tiling,
                 num_sms=num_sms,
+                **({"cross_cache_len": cache.text_len} if nh else {}),
             )
             renamed = {"k_cache": "k_cache_out", "v_cache": "v_cache_out", "s0.logits": "logits"} if last else {}
-            if last and not llama:
+            if last and talker:
                 renamed["x_normed"] = "hidden"
             bound = {"k_cache": caches[0], "v_cache": caches[1]}
             if x is not None:
@@ -786,8 +809,8 @@ def export_cut_step(
                 g,
                 f"{region}.piece{i}",
                 compiled,
-                graph_inputs={"tokens", "positions", "slots"},
-                constants=_greedy(batch) if last else {},
+                graph_inputs={"tokens", "positions", "slots", *extra},
+                constants=_greedy(batch) if last and not nh else {},
                 renamed=renamed,
                 bound=bound,
             )
@@ -809,15 +832,16 @@ def export_cut_step(
             batch=batch,
             dtype=dtype,
             cache_out=_CACHE_OUT if last else None,
+            cross=cross,
             first=first,
             stop=stop,
         )
         caches = (k, v)
         if last:
             normed = _rmsnorm(
-                g, x, g.init("final_norm", view.final_norm), view.rms_norm_eps, dtype, out=None if llama else "hidden"
+                g, x, g.init("final_norm", view.final_norm), view.rms_norm_eps, dtype, out="hidden" if talker else None
             )
-            head = "lm_head.T" if llama else "codec_head.T"
+            head = "lm_head.T" if llama else "codec_head.T" if talker else "logits_dense.T"
             g.op("MatMul", normed, g.init(head, view.heads[0].detach().t().contiguous()), out="logits")
     label = "_".join(f"{a}-{b}{'mk' if m else 'conv'}" for a, b, m in pieces)
     return _finish(g, f"{region}_b{batch}_cut_{label}", inputs, outputs)

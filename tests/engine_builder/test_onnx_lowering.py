@@ -142,8 +142,8 @@ def test_unsupported_regions_and_cuts_are_refused(tiny_llama):
     # the same region declared an executor region of the plan is the executor's: skipped, nothing written
     executor = RegionLayout(name="codec_decode", num_layers=1, cuttable=False, executor=True)
     assert export_plan(model, plan(codec, (executor,)), "unused") == []
-    cut = Piece(region="nh_decoder_step", first_layer=0, stop_layer=1, head=False, backend=Backend.MEGAKERNEL)
-    with pytest.raises(OnnxLoweringError, match="cuts region nh_decoder_step"):
+    cut = Piece(region="code_predictor_loop", first_layer=0, stop_layer=1, head=False, backend=Backend.MEGAKERNEL)
+    with pytest.raises(OnnxLoweringError, match="cuts region code_predictor_loop"):
         export_plan(model, plan(cut), "unused")
     with pytest.raises(OnnxLoweringError, match="batch 5"):
         export_decoder_step(tiny_llama, batch=5, cache=CACHE, megakernel=False)
@@ -439,7 +439,7 @@ def test_a_plan_that_cuts_a_step_lowers_it_as_one_file(tmp_path):
     with pytest.raises(OnnxLoweringError, match="do not cover"):
         export_cut_step(speech.llama, "decoder_step", [(0, 1, True)], batch=1, cache=CACHE)
     with pytest.raises(OnnxLoweringError, match="not lowered in pieces"):
-        export_cut_step(speech.llama, "nh_decoder_step", [(0, 1, True), (1, n, False)], batch=1, cache=CACHE)
+        export_cut_step(speech.llama, "code_predictor_loop", [(0, 1, True), (1, n, False)], batch=1, cache=CACHE)
 
 
 # --- NH-TTS ------------------------------------------------------------------------------------------------------
@@ -479,3 +479,38 @@ def test_exported_nh_decoder_step_reproduces_the_step(megakernel):
         assert not out["nh_decoder_step.error"].any()
     with pytest.raises(OnnxLoweringError, match="text_len"):
         export_nh_decoder_step(network, batch=2, cache=CacheLayout(num_slots=4, cache_len=12), megakernel=False)
+
+
+@pytest.mark.parametrize("kinds", ["mc", "cm"])
+def test_a_cut_nh_decoder_step_reproduces_the_step(kinds):
+    """The NH-TTS step cut in half (cross-attention in every layer): rows 3 and 1 at positions 4 and 0 with texts
+    of 6 and 2 encoder positions, the other rows' cross keys large stale values; equal to NhTtsNetwork.step."""
+    network = load_nh_tts("nh-tts-tiny", device="cpu", dtype=torch.float32, max_streams=2).network
+    config, layout = network.config, CacheLayout(num_slots=4, cache_len=12, text_len=10)
+    n = config.decoder.num_hidden_layers
+    rows, positions, texts = [3, 1], [4, 0], [6, 2]
+    gen = torch.Generator().manual_seed(0)
+    cache = network.new_cache(max_rows=4, max_seq_len=12, max_text_len=10)
+    encoded = torch.randn(2, 10, config.encoder.hidden_size, generator=gen)
+    cache.claim(rows)
+    network.decoder.write_cross(cache, rows, encoded, torch.arange(10)[None] < torch.tensor(texts)[:, None])
+    cache.cross_k[:, [0, 2]] = 1e3
+    channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
+    for row, length in zip(rows, positions):
+        if length:
+            network.step(cache, [row], torch.randint(0, vocab, (1, length, channels), generator=gen))
+    codes = torch.randint(0, vocab, (2, 1, channels), generator=gen)
+    with torch.no_grad():
+        x_in = network.decoder.embeddings(codes)[:, 0]
+    pieces = [(0, n // 2, kinds[0] == "m"), (n // 2, n, kinds[1] == "m")]
+    model = export_cut_step(network, "nh_decoder_step", pieces, batch=2, cache=layout)
+    feeds = {"x_in": x_in.numpy(), "positions": np.array(positions), "slots": np.array(rows)}
+    feeds["text_lengths"] = np.array(texts)
+    for name, t in (("k", cache.self_k), ("v", cache.self_v), ("cross_k", cache.cross_k), ("cross_v", cache.cross_v)):
+        feeds[f"{name}_cache"] = t.numpy().copy()
+    out = _evaluate(model, feeds)
+    logits = network.step(cache, rows, codes)
+    close = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["logits"].view(2, channels, vocab), logits, **close)
+    torch.testing.assert_close(out["k_cache_out"], cache.self_k, **close)
+    torch.testing.assert_close(out["v_cache_out"], cache.self_v, **close)
