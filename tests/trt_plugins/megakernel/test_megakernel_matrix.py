@@ -228,27 +228,27 @@ def test_regional_compile_covers_the_decoder_layers_and_is_undone(bench):
             pass
 
 
-def test_regional_compile_of_more_layers_than_the_recompile_limit(bench, monkeypatch):
+def test_regional_compile_of_more_layers_than_the_recompile_limit(bench):
     """A 12-layer Llama (its attention reads an int attribute, layer_idx: one compile per layer) compiles
     regionally under fullgraph with the recompile limit as a hard failure, and gives decode's logits."""
     import dataclasses
 
     from benchmarks.megakernel_conventional import LLAMA_VARIANTS, o1_random_llama
 
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # Dynamo's default (other tests raise it)
-    torch._dynamo.reset()
-    config = dataclasses.replace(LLAMA_VARIANTS["llama-tiny"], num_hidden_layers=12)
-    assert config.num_hidden_layers > torch._dynamo.config.recompile_limit
-    llama = o1_random_llama(config, seed=0, device="cpu", dtype=torch.float32)
-    caches = [llama.new_cache(max_streams=2, max_seq_len=32) for _ in range(2)]
-    for cache in caches:
-        for slot in range(2):
-            cache.allocate()
-            llama.prefill(cache, slot, torch.tensor([1, 2, 3]))
-    want = llama.decode(caches[0], [0, 1], torch.tensor([4, 5]))
-    with bench.regionally_compiled(llama, "eager") as count:
-        got = llama.decode(caches[1], [0, 1], torch.tensor([4, 5]))
+    # Dynamo's default limit (other tests in a run raise it), a hit as a hard failure, for this test only
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=8):
+        torch._dynamo.reset()
+        config = dataclasses.replace(LLAMA_VARIANTS["llama-tiny"], num_hidden_layers=12)
+        assert config.num_hidden_layers > torch._dynamo.config.recompile_limit
+        llama = o1_random_llama(config, seed=0, device="cpu", dtype=torch.float32)
+        caches = [llama.new_cache(max_streams=2, max_seq_len=32) for _ in range(2)]
+        for cache in caches:
+            for slot in range(2):
+                cache.allocate()
+                llama.prefill(cache, slot, torch.tensor([1, 2, 3]))
+        want = llama.decode(caches[0], [0, 1], torch.tensor([4, 5]))
+        with bench.regionally_compiled(llama, "eager") as count:
+            got = llama.decode(caches[1], [0, 1], torch.tensor([4, 5]))
     assert count == 12
     torch.testing.assert_close(got, want)
 
