@@ -18,11 +18,10 @@ from pathlib import Path
 
 import torch
 
-from tilevox.engine_builder.build import _SimulatedShares, _whole, fit_cut_costs
+from tilevox.engine_builder.build import _whole, fit_cut_costs, piece_prices
 from tilevox.engine_builder.composition import (
     Backend,
     Composition,
-    ConventionalCosts,
     CutCosts,
     cuts_s,
     model_layout,
@@ -38,24 +37,12 @@ def reprice(build_dir: Path, context: int) -> list[dict]:
     plan = report["plan"]
     model = load_model(plan["model"], device="cpu", dtype=torch.bfloat16)
     layout = model_layout(model)
-    layers = {r.name: r.num_layers for r in layout}
     measured = {(m["region"], m["backend"], m["batch"]): m["ms_per_step"] for m in report["measured_ms"]}
     measured = {k: (float("inf") if v is None else v) for k, v in measured.items()}
-    even = ConventionalCosts(
-        layer_s={
-            (r, Backend(b), n): ms * 1e-3 / layers[r]
-            for (r, b, n), ms in measured.items()
-            if Backend(b).is_conventional
-        },
-        head_s={(r, Backend(b), n): 0.0 for (r, b, n) in measured if Backend(b).is_conventional},
-    )
     tiling = None if plan.get("tiling") is None else TilingConfig.from_dict(plan["tiling"])
-    simulated = SimulatedMegakernelCost(model, context=context, tiling=tiling)
-    shares = _SimulatedShares(even, simulated, layout)
-
-    def megakernel_s(piece, batch: int) -> float:
-        whole_s = measured[(piece.region, Backend.MEGAKERNEL.value, batch)] * 1e-3
-        return whole_s if _whole(piece, layout) else whole_s * simulated.share(piece, batch, layers[piece.region])
+    shares, megakernel_s = piece_prices(
+        measured, layout, SimulatedMegakernelCost(model, context=context, tiling=tiling)
+    )
 
     rows, fit_data = [], {}
     for batch_text, candidates in report["candidates"].items():

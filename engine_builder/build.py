@@ -69,6 +69,7 @@ __all__ = [
     "fit_cut_costs",
     "fitted_cut_costs",
     "install_composition",
+    "piece_prices",
     "megakernel_tiling",
     "profile_cache_for",
     "split_compositions",
@@ -129,6 +130,37 @@ class _SimulatedShares:
         if _whole(piece, self.layout) or not math.isfinite(whole_s):
             return whole_s
         return whole_s * self.simulated.share(piece, batch, layers)
+
+
+def piece_prices(
+    measured_ms: Mapping[tuple[str, str, int], float],
+    layout: Sequence[RegionLayout],
+    simulated: SimulatedMegakernelCost | None = None,
+) -> tuple[ConventionalCosts | _SimulatedShares, Callable[[Piece, int], float]]:
+    """The search's prices from measured ms per step, keyed (region, backend value, batch): conventional costs (a
+    region's time spread over its layers) and the megakernel cost of a whole region; with `simulated`, a piece of
+    a cut region on either backend priced by its simulated share (_SimulatedShares, SimulatedMegakernelCost.share)."""
+    layers = _layers(layout)
+    conventional = ConventionalCosts(
+        layer_s={
+            (name, Backend(kind), batch): ms * 1e-3 / layers[name]
+            for (name, kind, batch), ms in measured_ms.items()
+            if Backend(kind).is_conventional
+        },
+        head_s={
+            (name, Backend(kind), batch): 0.0 for (name, kind, batch) in measured_ms if Backend(kind).is_conventional
+        },
+    )
+
+    def megakernel_s(piece: Piece, batch: int) -> float:
+        whole_s = measured_ms[(piece.region, Backend.MEGAKERNEL.value, batch)] * 1e-3
+        if _whole(piece, layout) or not math.isfinite(whole_s):
+            return whole_s
+        return whole_s * simulated.share(piece, batch, layers[piece.region])
+
+    if simulated is None:
+        return conventional, megakernel_s
+    return _SimulatedShares(conventional, simulated, layout), megakernel_s
 
 
 def _is_cut(composition: Composition, layout: Sequence[RegionLayout]) -> bool:
@@ -429,32 +461,17 @@ def build_plan(
     if not any(b.is_conventional for b in profiled):
         raise RuntimeError("no conventional backend could be profiled")
     anchor_backend = next(b for b in profiled if b.is_conventional)
-    layers = {r.name: r.num_layers for r in layout}
-    conventional = ConventionalCosts(
-        layer_s={
-            (name, Backend(kind), batch): ms * 1e-3 / layers[name]
-            for (name, kind, batch), ms in measured.items()
-            if Backend(kind).is_conventional
-        },
-        head_s={(name, Backend(kind), batch): 0.0 for (name, kind, batch) in measured if Backend(kind).is_conventional},
-    )
     anchor_backends = {r.name: _pass_backend(r, anchor_backend) for r in layout}
 
     simulated = SimulatedMegakernelCost(model, context=split_context, tiling=tiling) if splits else None
+    conventional, megakernel_s = piece_prices(measured, layout, simulated)
     cuts, cut_source = CutCosts(), "default"
     cut_key = {**timing, **mk_key}
     if splits:
-        conventional = _SimulatedShares(conventional, simulated, layout)
         hit = cache.get("cut_cost", **cut_key) if cache is not None else None
         if hit is not None:  # fitted by an earlier build of this model on this machine (fit_cut_costs)
             cuts, cut_source = fitted_cut_costs(hit["s"]), "profile cache (fitted by an earlier build)"
     fit_data: dict[int, list[tuple[Composition, float, float]]] = {}
-
-    def megakernel_s(piece: Piece, batch: int) -> float:
-        whole_s = measured[(piece.region, Backend.MEGAKERNEL.value, batch)] * 1e-3
-        if _whole(piece, layout) or not math.isfinite(whole_s):
-            return whole_s
-        return whole_s * simulated.share(piece, batch, _layers(layout)[piece.region])
 
     candidates = whole_region_compositions(layout, profiled)
     if splits:

@@ -91,6 +91,7 @@ __all__ = [
     "GraphedTalkerStep",
     "GraphedTokenSampling",
     "batch_bucket",
+    "host_rows",
     "install_codec_stream",
     "install_graph_regions",
     "install_prefill_stream",
@@ -275,10 +276,14 @@ class _GraphBackend:
         return span
 
     def _host_rows(self, values: Sequence[Sequence[float]], dtype: torch.dtype) -> torch.Tensor:
-        """Per-row host values (B, n) on the device through one pinned asynchronous copy."""
-        pinned = self.device.type == "cuda"
-        host = torch.tensor(values, dtype=dtype, pin_memory=pinned)
-        return host.to(self.device, non_blocking=pinned)
+        return host_rows(values, dtype, self.device)
+
+
+def host_rows(values: Sequence[Sequence[float]], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Per-row host values (B, n) on `device` through one pinned asynchronous copy."""
+    pinned = device.type == "cuda"
+    host = torch.tensor(values, dtype=dtype, pin_memory=pinned)
+    return host.to(device, non_blocking=pinned)
 
 
 class GraphedTalkerStep(_GraphBackend):

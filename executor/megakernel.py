@@ -738,6 +738,23 @@ class MegakernelCodePredictorLoop(_Backend):
         return torch.stack([out[f"s{head + 1}.tokens"][:batch] for head in range(self.predictor.num_steps)], dim=1)
 
 
+def _nh_well_formed(cache: NhDecoderCache, rows: Sequence[int], codes: torch.Tensor) -> bool:
+    """Whether NhTtsNetwork.step takes this call (distinct allocated rows with room, codes (B, T, C)); where not,
+    the backends call it anyway so that it raises its own error."""
+    if codes.dim() != 3 or codes.shape[0] != len(rows) or len(set(rows)) != len(rows):
+        return False
+    return all(cache.is_allocated(r) and cache.lengths[r] + codes.shape[1] <= cache.max_seq_len for r in rows)
+
+
+def _nh_check_decode(cache: NhDecoderCache, rows: Sequence[int], codes: torch.Tensor) -> None:
+    """_CallUnsupported for a well-formed call that a decode region cannot take."""
+    if codes.shape[1] != 1:
+        raise _CallUnsupported(f"{codes.shape[1]} new positions per row (a prompt prefill); the region decodes one")
+    empty = [r for r in rows if cache.text_lengths[r] < 1]
+    if empty:
+        raise _CallUnsupported(f"cache rows {empty} have no encoder keys/values (text length 0)")
+
+
 class MegakernelNhDecoderStep(_Backend):
     """NhTtsNetwork.step of one new position per row (codes (B, 1, C) -> logits (B, C, V)) as one region:
     layers with self-attention, cross-attention over the rows' encoder keys/values and MLP, final norm and
@@ -767,17 +784,11 @@ class MegakernelNhDecoderStep(_Backend):
 
     def __call__(self, cache: NhDecoderCache, rows: Sequence[int], codes: torch.Tensor) -> torch.Tensor:
         rows = [int(r) for r in rows]
-        if codes.dim() != 3 or codes.shape[0] != len(rows) or len(set(rows)) != len(rows):
+        if not _nh_well_formed(cache, rows, codes):
             return self.network.step(cache, rows, codes)  # not a fallback: step raises its own error
-        batch, steps = codes.shape[:2]
-        if any(not cache.is_allocated(r) or cache.lengths[r] + steps > cache.max_seq_len for r in rows):
-            return self.network.step(cache, rows, codes)  # not a fallback: step raises its own error
+        batch = codes.shape[0]
         try:
-            if steps != 1:
-                raise _CallUnsupported(f"{steps} new positions per row (a prompt prefill); the region decodes one")
-            empty = [r for r in rows if cache.text_lengths[r] < 1]
-            if empty:
-                raise _CallUnsupported(f"cache rows {empty} have no encoder keys/values (text length 0)")
+            _nh_check_decode(cache, rows, codes)
             self._check_batch(batch)
             runner = self._runner_for(cache)
             bucket = self._bucket(batch, cache.max_rows)

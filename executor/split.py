@@ -34,6 +34,7 @@ from tilevox.executor.graphs import (
     GraphOptions,
     _Graphs,
     batch_bucket,
+    host_rows,
     key_bucket,
     length_bucket,
 )
@@ -46,6 +47,8 @@ from tilevox.executor.megakernel import (
     _checked_view,
     _Compiled,
     _greedy_inputs,
+    _nh_check_decode,
+    _nh_well_formed,
     _RegionRunner,
 )
 from tilevox.models.decoder_view import decoder_view
@@ -193,15 +196,34 @@ class _SplitRegion:
             compiled.append(self._runners[i].region(bucket))
         return compiled
 
-    def _run_megakernel(
-        self, i: int, compiled: _Compiled, x: torch.Tensor, bound: dict[str, torch.Tensor], bucket: int
-    ) -> dict[str, torch.Tensor]:
-        piece = self.pieces[i]
-        bound = dict(bound)
-        bound["tokens" if piece.first == 0 and "tokens" in _input_names(compiled) else "x_in"] = x
-        if piece.stop == self.num_layers and "temperature" in _input_names(compiled):
-            bound.update(_greedy_inputs(bucket))  # the head samples on the device; the model samples on the host
-        return self._runners[i].run(compiled, bound)
+    def _run_pieces(
+        self,
+        x: torch.Tensor,
+        compiled: Sequence[_Compiled | None],
+        bucket: int,
+        *,
+        megakernel_inputs: dict[str, torch.Tensor],
+        graph_key: tuple,
+        graph_inputs: dict[str, torch.Tensor],
+        head_of: Callable[[dict[str, torch.Tensor]], object],
+    ) -> object:
+        """Every piece in order from x (the step's input rows, `bucket` of them): a megakernel piece launched with
+        `megakernel_inputs` (its token or x_in input is x; head_of picks the step's result from the last piece's
+        buffers), a conventional piece replaying its graph at `graph_key` with `graph_inputs` and x (every input
+        has the rows in dimension 0). Returns the last piece's result, the call's result for `bucket` rows."""
+        for i, piece in enumerate(self.pieces):
+            last = piece.stop == self.num_layers
+            if piece.megakernel:
+                bound = dict(megakernel_inputs)
+                bound["tokens" if piece.first == 0 and "tokens" in _input_names(compiled[i]) else "x_in"] = x
+                if last and "temperature" in _input_names(compiled[i]):
+                    bound.update(_greedy_inputs(bucket))  # the head samples on the device; the model on the host
+                out = self._runners[i].run(compiled[i], bound)
+                x = head_of(out) if last else out["x_out"]
+            else:
+                inputs = {"x": x, **graph_inputs}
+                x = self._graphs[i].run(graph_key, self._functions[i], inputs, dynamic=dict.fromkeys(inputs, (0,)))
+        return x
 
     def check(self) -> None:
         """Wait for the megakernel pieces' launches and raise the first error recorded (see
@@ -270,33 +292,28 @@ class SplitDecoderStep(_SplitRegion):
         padded_slots = slots + [slots[0]] * (bucket - batch)
         padded_positions = positions + [positions[0]] * (bucket - batch)
         keys = key_bucket(max(positions) + 1, cache.max_seq_len)
-        pinned = self.device.type == "cuda"
-        host_where = torch.tensor(list(zip(padded_slots, padded_positions)), dtype=torch.int64, pin_memory=pinned)
-        where = host_where.to(self.device, non_blocking=pinned)
         index = _pad_index(batch, bucket, self.device)
-        x = token_ids.to(device=self.device, dtype=torch.int64)[index]
-        mk_bound = {
-            "positions": torch.tensor(padded_positions, dtype=torch.int64),
-            "slots": torch.tensor(padded_slots, dtype=torch.int64),
-            "k_cache": cache.k,
-            "v_cache": cache.v,
-        }
-        for i, piece in enumerate(self.pieces):
-            last = piece.stop == self.num_layers
-            if piece.megakernel:
-                out = self._run_megakernel(i, compiled[i], x, mk_bound, bucket)
-                x = out["s0.logits"] if last else out["x_out"]
-            else:
-                x = self._graphs[i].run(
-                    (bucket, keys),
-                    self._functions[i],
-                    {"x": x, "where": where, "keys": self._span(keys)},
-                    dynamic={"x": (0,), "where": (0,), "keys": (0,)},
-                )
+        logits = self._run_pieces(
+            token_ids.to(device=self.device, dtype=torch.int64)[index],
+            compiled,
+            bucket,
+            megakernel_inputs={
+                "positions": torch.tensor(padded_positions, dtype=torch.int64),
+                "slots": torch.tensor(padded_slots, dtype=torch.int64),
+                "k_cache": cache.k,
+                "v_cache": cache.v,
+            },
+            graph_key=(bucket, keys),
+            graph_inputs={
+                "where": host_rows(list(zip(padded_slots, padded_positions)), torch.int64, self.device),
+                "keys": self._span(keys),
+            },
+            head_of=lambda out: out["s0.logits"],
+        )
         for slot in slots:
             cache.lengths[slot] += 1
         self.num_split_calls += 1
-        return x[:batch].clone()
+        return logits[:batch].clone()
 
 
 class SplitTalkerStep(_SplitRegion):
@@ -348,21 +365,16 @@ class SplitTalkerStep(_SplitRegion):
         cache = self._cache = view.cache
         keys = key_bucket(view.kv_len, cache.max_len)
         index = _pad_index(batch, bucket, inputs.device)
-        x, slots, start = inputs[index, 0], view.slots.to(torch.int64)[index], view.start.to(torch.int64)[index]
-        mk_bound = {"positions": start, "slots": slots, "k_cache": cache.keys, "v_cache": cache.values}
-        for i, piece in enumerate(self.pieces):
-            last = piece.stop == self.num_layers
-            if piece.megakernel:
-                out = self._run_megakernel(i, compiled[i], x, mk_bound, bucket)
-                x = (out["x_normed"], out["s0.logits"]) if last else out["x_out"]
-            else:
-                x = self._graphs[i].run(
-                    (bucket, keys),
-                    self._functions[i],
-                    {"x": x, "slots": slots, "start": start, "keys": self._span(keys)},
-                    dynamic={"x": (0,), "slots": (0,), "start": (0,), "keys": (0,)},
-                )
-        hidden, logits = x
+        slots, start = view.slots.to(torch.int64)[index], view.start.to(torch.int64)[index]
+        hidden, logits = self._run_pieces(
+            inputs[index, 0],
+            compiled,
+            bucket,
+            megakernel_inputs={"positions": start, "slots": slots, "k_cache": cache.keys, "v_cache": cache.values},
+            graph_key=(bucket, keys),
+            graph_inputs={"slots": slots, "start": start, "keys": self._span(keys)},
+            head_of=lambda out: (out["x_normed"], out["s0.logits"]),
+        )
         self.num_split_calls += 1
         return hidden[:batch].clone(), logits[:batch].clone()
 
@@ -406,17 +418,11 @@ class SplitNhDecoderStep(_SplitRegion):
     @torch.no_grad()
     def __call__(self, cache, rows: Sequence[int], codes: torch.Tensor) -> torch.Tensor:
         rows = [int(r) for r in rows]
-        if codes.dim() != 3 or codes.shape[0] != len(rows) or len(set(rows)) != len(rows):
+        if not _nh_well_formed(cache, rows, codes):
             return self.nh.step(cache, rows, codes)  # not a fallback: step raises its own error
-        batch, steps = codes.shape[:2]
-        if any(not cache.is_allocated(r) or cache.lengths[r] + steps > cache.max_seq_len for r in rows):
-            return self.nh.step(cache, rows, codes)  # not a fallback: step raises its own error
+        batch = codes.shape[0]
         try:
-            if steps != 1:
-                raise _CallUnsupported(f"{steps} new positions per row (a prompt prefill)")
-            empty = [r for r in rows if cache.text_lengths[r] < 1]
-            if empty:
-                raise _CallUnsupported(f"cache rows {empty} have no encoder keys/values (text length 0)")
+            _nh_check_decode(cache, rows, codes)
             self._check_call(batch, cache)
             bucket = self._bucket(batch, cache.max_rows)
             compiled = self._compile_pieces(
@@ -442,36 +448,32 @@ class SplitNhDecoderStep(_SplitRegion):
         )
         keys = key_bucket(max(positions) + 1, cache.max_seq_len)
         text = length_bucket(max(texts), MIN_TEXT_BUCKET, cache.max_text_len)
-        pinned = self.device.type == "cuda"
-        host_where = torch.tensor(list(zip(padded_rows, padded_positions)), dtype=torch.int64, pin_memory=pinned)
-        where = host_where.to(self.device, non_blocking=pinned)
-        x = self.nh.decoder.embeddings(codes[_pad_index(batch, bucket, codes.device)])[:, 0]  # (bucket, hidden)
-        mk_bound = {
-            "positions": torch.tensor(padded_positions, dtype=torch.int64),
-            "slots": torch.tensor(padded_rows, dtype=torch.int64),
-            "text_lengths": torch.tensor(padded_texts, dtype=torch.int64),
-            "k_cache": cache.self_k,
-            "v_cache": cache.self_v,
-            "cross_k_cache": cache.cross_k,
-            "cross_v_cache": cache.cross_v,
-        }
-        for i, piece in enumerate(self.pieces):
-            last = piece.stop == self.num_layers
-            if piece.megakernel:
-                out = self._run_megakernel(i, compiled[i], x, mk_bound, bucket)
-                dec = self.nh.config.decoder
-                x = out["s0.logits"].view(bucket, dec.num_channels, dec.vocab_size) if last else out["x_out"]
-            else:
-                x = self._graphs[i].run(
-                    (bucket, keys, text),
-                    self._functions[i],
-                    {"x": x, "where": where, "keys": self._span(keys), "text": self._span(text)},
-                    dynamic={"x": (0,), "where": (0,), "keys": (0,), "text": (0,)},
-                )
+        dec = self.nh.config.decoder
+        logits = self._run_pieces(
+            self.nh.decoder.embeddings(codes[_pad_index(batch, bucket, codes.device)])[:, 0],  # (bucket, hidden)
+            compiled,
+            bucket,
+            megakernel_inputs={
+                "positions": torch.tensor(padded_positions, dtype=torch.int64),
+                "slots": torch.tensor(padded_rows, dtype=torch.int64),
+                "text_lengths": torch.tensor(padded_texts, dtype=torch.int64),
+                "k_cache": cache.self_k,
+                "v_cache": cache.self_v,
+                "cross_k_cache": cache.cross_k,
+                "cross_v_cache": cache.cross_v,
+            },
+            graph_key=(bucket, keys, text),
+            graph_inputs={
+                "where": host_rows(list(zip(padded_rows, padded_positions)), torch.int64, self.device),
+                "keys": self._span(keys),
+                "text": self._span(text),
+            },
+            head_of=lambda out: out["s0.logits"].view(bucket, dec.num_channels, dec.vocab_size),
+        )
         for r in rows:
             cache.lengths[r] += 1
         self.num_split_calls += 1
-        return x[:batch].clone()
+        return logits[:batch].clone()
 
 
 # Region name (models.region_backends) -> the split backend that runs it in pieces; each takes the region's network.

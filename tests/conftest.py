@@ -89,3 +89,20 @@ def sampled_frames(model, seeds, params, *, steps: int) -> dict[int, list[torch.
     for _ in range(steps):
         model.step([i for i in ids if i in model.open_stream_ids])
     return {seed: out[i] for seed, i in zip(seeds, ids)}
+
+
+def decoded_nh_caches(network, count: int, rows, positions, texts, gen: torch.Generator) -> list:
+    """`count` identical NH-TTS decoder caches (8 rows x 40 positions, texts of up to 24 encoder positions): row
+    rows[i] holds random encoder keys/values of texts[i] positions and positions[i] random decoded frames."""
+    config = network.config
+    channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
+    caches = [network.new_cache(max_rows=8, max_seq_len=40, max_text_len=24) for _ in range(count)]
+    encoded = torch.randn(len(rows), 24, config.encoder.hidden_size, generator=gen)
+    valid = torch.arange(24)[None, :] < torch.tensor(texts)[:, None]
+    prefixes = [torch.randint(0, vocab, (1, n, channels), generator=gen) for n in positions]
+    for cache in caches:
+        cache.claim(rows)
+        network.decoder.write_cross(cache, rows, encoded, valid)
+        for row, prefix in zip(rows, prefixes):
+            network.step(cache, [row], prefix)
+    return caches

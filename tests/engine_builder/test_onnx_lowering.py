@@ -2,7 +2,9 @@
 talker step and code-predictor loop pass the ONNX checker, and onnx's reference evaluator (the plugin ops'
 reference implementations: swiglu_mlp in numpy, MegakernelRegion on the PyTorch VM) reproduces the PyTorch
 step in fp32 (logits, hidden, KV caches; the predictor's codes and per-head logits), in both forms, and so for
-the NH-TTS decoder step (random:nh-tts-tiny, with cross-attention); the
+the NH-TTS decoder step (random:nh-tts-tiny, with cross-attention); the decoder steps also cut in halves (one
+MegakernelRegion node per megakernel piece, each with a clean error output; a plan that cuts one lowers as one
+file); the
 MegakernelRegion node's attributes decode to the compiled program, packed words equal."""
 
 from __future__ import annotations
@@ -66,6 +68,39 @@ def _node_kinds(model, megakernel: bool, num_layers: int) -> None:
         assert ("tilevox", MEGAKERNEL_REGION) not in kinds
 
 
+# A step exported whole (conventional ops or one megakernel node) or cut in halves: `cut XY` runs the first half on
+# the megakernel for X = m or as ops for X = c, the second half likewise by Y (export_cut_step).
+FORMS = ["conventional", "megakernel", "cut mc", "cut cm"]
+_WHOLE_EXPORTS = {
+    "decoder_step": export_decoder_step,
+    "talker_step": export_talker_step,
+    "nh_decoder_step": export_nh_decoder_step,
+}
+
+
+def _export_form(network, region: str, form: str, num_layers: int, *, batch: int, cache: CacheLayout):
+    if form in ("conventional", "megakernel"):
+        return _WHOLE_EXPORTS[region](network, batch=batch, cache=cache, megakernel=form == "megakernel")
+    half, kinds = max(1, num_layers // 2), form.split()[1]
+    pieces = [(0, half, kinds[0] == "m"), (half, num_layers, kinds[1] == "m")]
+    return export_cut_step(network, region, pieces, batch=batch, cache=cache)
+
+
+def _check_form(model, out: dict, form: str, num_layers: int) -> None:
+    """A MegakernelRegion node per megakernel piece, each with a clean error output, and a swiglu_mlp node per
+    layer run as ops."""
+    half = max(1, num_layers // 2)
+    if form in ("conventional", "megakernel"):
+        spans = [(num_layers, form == "megakernel")]
+    else:
+        spans = [(half, form.split()[1][0] == "m"), (num_layers - half, form.split()[1][1] == "m")]
+    kinds = [(n.domain, n.op_type) for n in model.graph.node]
+    assert kinds.count(("tilevox", MEGAKERNEL_REGION)) == sum(m for _, m in spans)
+    assert kinds.count(("tilevox", "swiglu_mlp")) == sum(n for n, m in spans if not m)
+    errors = [name for name in out if name.endswith(".error")]
+    assert len(errors) == sum(m for _, m in spans) and not any(out[name].any() for name in errors)
+
+
 @pytest.fixture()
 def primed(tiny_llama):
     """A cache whose slots 3 and 1 hold 5 and 2 prompt tokens (rows at different positions)."""
@@ -77,8 +112,8 @@ def primed(tiny_llama):
     return cache
 
 
-@pytest.mark.parametrize("megakernel", [False, True], ids=["conventional", "megakernel"])
-def test_exported_step_reproduces_the_pytorch_step(tiny_llama, primed, megakernel):
+@pytest.mark.parametrize("form", [*FORMS, "cut mm"])
+def test_exported_step_reproduces_the_pytorch_step(tiny_llama, primed, form):
     slots, tokens = [3, 1], torch.tensor([7, 11])
     feeds = {
         "tokens": tokens.numpy(),
@@ -87,23 +122,17 @@ def test_exported_step_reproduces_the_pytorch_step(tiny_llama, primed, megakerne
         "k_cache": primed.k.numpy().copy(),
         "v_cache": primed.v.numpy().copy(),
     }
-    model = export_decoder_step(tiny_llama, batch=2, cache=CACHE, megakernel=megakernel)
-    onnx.checker.check_model(model, full_check=True)
-    kinds = [(n.domain, n.op_type) for n in model.graph.node]
-    if megakernel:
-        assert kinds == [("tilevox", MEGAKERNEL_REGION)]
-    else:
-        assert kinds.count(("tilevox", "swiglu_mlp")) == tiny_llama.config.num_hidden_layers
-        assert ("tilevox", MEGAKERNEL_REGION) not in kinds
-    out = dict(
-        zip([o.name for o in model.graph.output], ReferenceEvaluator(model, new_ops=REFERENCE_OPS).run(None, feeds))
-    )
+    num_layers = tiny_llama.config.num_hidden_layers
+    model = _export_form(tiny_llama, "decoder_step", form, num_layers, batch=2, cache=CACHE)
+    if form == "megakernel":
+        assert [(n.domain, n.op_type) for n in model.graph.node] == [("tilevox", MEGAKERNEL_REGION)]
+    out = _evaluate(model, feeds)
+    _check_form(model, out, form, num_layers)
     expected = tiny_llama.decode(primed, slots, tokens)  # writes this step's keys into primed
-    torch.testing.assert_close(torch.from_numpy(out["logits"]), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(torch.from_numpy(out["k_cache_out"]), primed.k, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(torch.from_numpy(out["v_cache_out"]), primed.v, rtol=1e-5, atol=1e-5)
-    if megakernel:
-        assert not out["decoder_step.error"].any()
+    close = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["logits"], expected, **close)
+    torch.testing.assert_close(out["k_cache_out"], primed.k, **close)
+    torch.testing.assert_close(out["v_cache_out"], primed.v, **close)
 
 
 def test_megakernel_node_attributes_round_trip_to_the_program(tiny_llama):
@@ -229,12 +258,12 @@ def talker_cache(qwen3):
     return cache
 
 
-@pytest.mark.parametrize("megakernel", [False, True], ids=["conventional", "megakernel"])
-def test_exported_talker_step_reproduces_forward_tokens(qwen3, talker_cache, megakernel):
+@pytest.mark.parametrize("form", FORMS)
+def test_exported_talker_step_reproduces_forward_tokens(qwen3, talker_cache, form):
     talker, slots, positions = qwen3.talker, [2, 0], [5, 2]
     x = torch.randn(2, 1, talker.config.transformer.hidden_size, generator=torch.Generator().manual_seed(1))
-    model = export_talker_step(talker, batch=2, cache=TALKER_CACHE, megakernel=megakernel)
-    _node_kinds(model, megakernel, talker.config.transformer.num_layers)
+    num_layers = talker.config.transformer.num_layers
+    model = _export_form(talker, "talker_step", form, num_layers, batch=2, cache=TALKER_CACHE)
     feeds = {
         "x_in": x[:, 0].numpy(),
         "positions": np.array(positions),
@@ -243,6 +272,7 @@ def test_exported_talker_step_reproduces_forward_tokens(qwen3, talker_cache, meg
         "v_cache": talker_cache.values.numpy().copy(),
     }
     out = _evaluate(model, feeds)
+    _check_form(model, out, form, num_layers)
     view = CacheView(cache=talker_cache, slots=torch.tensor(slots), start=torch.tensor(positions), kv_len=16)
     with torch.no_grad():
         hidden, logits = talker.forward_tokens(x, view)  # writes this step's keys into talker_cache
@@ -251,8 +281,6 @@ def test_exported_talker_step_reproduces_forward_tokens(qwen3, talker_cache, meg
     torch.testing.assert_close(out["logits"], logits, **close)
     torch.testing.assert_close(out["k_cache_out"], talker_cache.keys, **close)
     torch.testing.assert_close(out["v_cache_out"], talker_cache.values, **close)
-    if megakernel:
-        assert not out["talker_step.error"].any()
 
 
 def _frame(qwen3, batch: int):
@@ -354,60 +382,7 @@ def test_build_onnx_writes_qwen3_tts_regions(tmp_path, capsys, monkeypatch, winn
     assert written == {f"{r}_b{b}.onnx" for r in ("talker_step", "code_predictor_loop") for b in (1, 2)}
 
 
-# --- steps cut at layer boundaries ---------------------------------------------------------------------------
-@pytest.mark.parametrize("kinds", ["mc", "cm", "mm"])
-def test_a_cut_llama_step_reproduces_the_pytorch_step(tiny_llama, primed, kinds):
-    """The decoder step cut after layer 1: one file of chained pieces with the whole step's I/O; a megakernel
-    node per megakernel piece (each with its error output), the reference evaluator equal to decode."""
-    n = tiny_llama.config.num_hidden_layers
-    pieces = [(0, 1, kinds[0] == "m"), (1, n, kinds[1] == "m")]
-    model = export_cut_step(tiny_llama, "decoder_step", pieces, batch=2, cache=CACHE)
-    kinds_of = [(node.domain, node.op_type) for node in model.graph.node]
-    assert kinds_of.count(("tilevox", MEGAKERNEL_REGION)) == kinds.count("m")
-    assert kinds_of.count(("tilevox", "swiglu_mlp")) == sum(b - a for a, b, m in pieces if not m)
-    slots, tokens = [3, 1], torch.tensor([7, 11])
-    feeds = {
-        "tokens": tokens.numpy(),
-        "positions": np.array([primed.lengths[s] for s in slots]),
-        "slots": np.array(slots),
-        "k_cache": primed.k.numpy().copy(),
-        "v_cache": primed.v.numpy().copy(),
-    }
-    out = _evaluate(model, feeds)
-    expected = tiny_llama.decode(primed, slots, tokens)
-    close = dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out["logits"], expected, **close)
-    torch.testing.assert_close(out["k_cache_out"], primed.k, **close)
-    torch.testing.assert_close(out["v_cache_out"], primed.v, **close)
-    errors = [name for name in out if name.endswith(".error")]
-    assert len(errors) == kinds.count("m") and not any(out[name].any() for name in errors)
-
-
-@pytest.mark.parametrize("kinds", ["mc", "cm"])
-def test_a_cut_talker_step_reproduces_forward_tokens(qwen3, talker_cache, kinds):
-    talker, slots, positions = qwen3.talker, [2, 0], [5, 2]
-    n = talker.config.transformer.num_layers
-    x = torch.randn(2, 1, talker.config.transformer.hidden_size, generator=torch.Generator().manual_seed(1))
-    pieces = [(0, n // 2, kinds[0] == "m"), (n // 2, n, kinds[1] == "m")]
-    model = export_cut_step(talker, "talker_step", pieces, batch=2, cache=TALKER_CACHE)
-    feeds = {
-        "x_in": x[:, 0].numpy(),
-        "positions": np.array(positions),
-        "slots": np.array(slots),
-        "k_cache": talker_cache.keys.numpy().copy(),
-        "v_cache": talker_cache.values.numpy().copy(),
-    }
-    out = _evaluate(model, feeds)
-    view = CacheView(cache=talker_cache, slots=torch.tensor(slots), start=torch.tensor(positions), kv_len=16)
-    with torch.no_grad():
-        hidden, logits = talker.forward_tokens(x, view)
-    close = dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out["hidden"], hidden, **close)
-    torch.testing.assert_close(out["logits"], logits, **close)
-    torch.testing.assert_close(out["k_cache_out"], talker_cache.keys, **close)
-    torch.testing.assert_close(out["v_cache_out"], talker_cache.values, **close)
-
-
+# --- plans that cut a step -------------------------------------------------------------------------------------
 def test_a_plan_that_cuts_a_step_lowers_it_as_one_file(tmp_path):
     """export_plan: a bucket cutting Llasa's decoder step writes decoder_step_b<B>.onnx of its pieces (one
     conventional layer, then a megakernel node); pieces that do not cover the layers, or a cut of a region
@@ -443,8 +418,8 @@ def test_a_plan_that_cuts_a_step_lowers_it_as_one_file(tmp_path):
 
 
 # --- NH-TTS ------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("megakernel", [False, True], ids=["conventional", "megakernel"])
-def test_exported_nh_decoder_step_reproduces_the_step(megakernel):
+@pytest.mark.parametrize("form", FORMS)
+def test_exported_nh_decoder_step_reproduces_the_step(form):
     """Rows 3 and 1 at positions 4 and 0 with texts of 6 and 2 encoder positions; the other rows' cross keys
     are large stale values (masked by slot and text length)."""
     network = load_nh_tts("nh-tts-tiny", device="cpu", dtype=torch.float32, max_streams=2).network
@@ -463,54 +438,18 @@ def test_exported_nh_decoder_step_reproduces_the_step(megakernel):
     codes = torch.randint(0, vocab, (2, 1, channels), generator=gen)
     with torch.no_grad():
         x_in = network.decoder.embeddings(codes)[:, 0]
-    model = export_nh_decoder_step(network, batch=2, cache=layout, megakernel=megakernel)
-    _node_kinds(model, megakernel, config.decoder.num_hidden_layers)
+    num_layers = config.decoder.num_hidden_layers
+    model = _export_form(network, "nh_decoder_step", form, num_layers, batch=2, cache=layout)
     feeds = {"x_in": x_in.numpy(), "positions": np.array(positions), "slots": np.array(rows)}
     feeds["text_lengths"] = np.array(texts)
     for name, t in (("k", cache.self_k), ("v", cache.self_v), ("cross_k", cache.cross_k), ("cross_v", cache.cross_v)):
         feeds[f"{name}_cache"] = t.numpy().copy()
     out = _evaluate(model, feeds)
+    _check_form(model, out, form, num_layers)
     logits = network.step(cache, rows, codes)  # (B, C, V); appends this step's keys
     close = dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out["logits"].view(2, channels, vocab), logits, **close)
     torch.testing.assert_close(out["k_cache_out"], cache.self_k, **close)
     torch.testing.assert_close(out["v_cache_out"], cache.self_v, **close)
-    if megakernel:
-        assert not out["nh_decoder_step.error"].any()
     with pytest.raises(OnnxLoweringError, match="text_len"):
         export_nh_decoder_step(network, batch=2, cache=CacheLayout(num_slots=4, cache_len=12), megakernel=False)
-
-
-@pytest.mark.parametrize("kinds", ["mc", "cm"])
-def test_a_cut_nh_decoder_step_reproduces_the_step(kinds):
-    """The NH-TTS step cut in half (cross-attention in every layer): rows 3 and 1 at positions 4 and 0 with texts
-    of 6 and 2 encoder positions, the other rows' cross keys large stale values; equal to NhTtsNetwork.step."""
-    network = load_nh_tts("nh-tts-tiny", device="cpu", dtype=torch.float32, max_streams=2).network
-    config, layout = network.config, CacheLayout(num_slots=4, cache_len=12, text_len=10)
-    n = config.decoder.num_hidden_layers
-    rows, positions, texts = [3, 1], [4, 0], [6, 2]
-    gen = torch.Generator().manual_seed(0)
-    cache = network.new_cache(max_rows=4, max_seq_len=12, max_text_len=10)
-    encoded = torch.randn(2, 10, config.encoder.hidden_size, generator=gen)
-    cache.claim(rows)
-    network.decoder.write_cross(cache, rows, encoded, torch.arange(10)[None] < torch.tensor(texts)[:, None])
-    cache.cross_k[:, [0, 2]] = 1e3
-    channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
-    for row, length in zip(rows, positions):
-        if length:
-            network.step(cache, [row], torch.randint(0, vocab, (1, length, channels), generator=gen))
-    codes = torch.randint(0, vocab, (2, 1, channels), generator=gen)
-    with torch.no_grad():
-        x_in = network.decoder.embeddings(codes)[:, 0]
-    pieces = [(0, n // 2, kinds[0] == "m"), (n // 2, n, kinds[1] == "m")]
-    model = export_cut_step(network, "nh_decoder_step", pieces, batch=2, cache=layout)
-    feeds = {"x_in": x_in.numpy(), "positions": np.array(positions), "slots": np.array(rows)}
-    feeds["text_lengths"] = np.array(texts)
-    for name, t in (("k", cache.self_k), ("v", cache.self_v), ("cross_k", cache.cross_k), ("cross_v", cache.cross_v)):
-        feeds[f"{name}_cache"] = t.numpy().copy()
-    out = _evaluate(model, feeds)
-    logits = network.step(cache, rows, codes)
-    close = dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out["logits"].view(2, channels, vocab), logits, **close)
-    torch.testing.assert_close(out["k_cache_out"], cache.self_k, **close)
-    torch.testing.assert_close(out["v_cache_out"], cache.self_v, **close)

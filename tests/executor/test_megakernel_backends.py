@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import sampled_frames
+from tests.conftest import decoded_nh_caches, sampled_frames
 from tilevox.engine_builder.regions import region_compiler
 from tilevox.executor.megakernel import (
     LOGGER_NAME,
@@ -411,15 +411,7 @@ def test_nh_decoder_step_batch_3_in_bucket_4_equals_exact_batch_3():
     channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
     rows, positions, texts = [4, 1, 2, 6], [3, 9, 1, 7], [5, 24, 11, 8]
     gen = torch.Generator().manual_seed(3)
-    caches = [network.new_cache(max_rows=8, max_seq_len=40, max_text_len=24) for _ in range(3)]
-    encoded = torch.randn(len(rows), 24, config.encoder.hidden_size, generator=gen)
-    valid = torch.arange(24)[None, :] < torch.tensor(texts)[:, None]
-    prefixes = [torch.randint(0, vocab, (1, n, channels), generator=gen) for n in positions]
-    for cache in caches:
-        cache.claim(rows)
-        network.decoder.write_cross(cache, rows, encoded, valid)
-        for row, prefix in zip(rows, prefixes):
-            network.step(cache, [row], prefix)
+    caches = decoded_nh_caches(network, 3, rows, positions, texts, gen)
     untouched = (caches[0].self_k[:, 6].clone(), caches[0].self_v[:, 6].clone())
     padded, exact = MegakernelNhDecoderStep(network, VM), MegakernelNhDecoderStep(network, EXACT)
     for step in range(3):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import decoded_nh_caches
 from tilevox.engine_builder.regions import region_compiler
 from tilevox.executor.megakernel import BackendOptions, Executor
 from tilevox.executor.split import SplitDecoderStep, SplitPiece, SplitTalkerStep, make_split_backend
@@ -182,15 +183,7 @@ def test_nh_tts_decoder_step_in_pieces_equals_step(kinds):
     channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
     rows, positions, texts = [4, 1, 2, 6], [3, 9, 1, 7], [5, 24, 11, 8]
     gen = torch.Generator().manual_seed(3)
-    caches = [network.new_cache(max_rows=8, max_seq_len=40, max_text_len=24) for _ in range(2)]
-    encoded = torch.randn(len(rows), 24, config.encoder.hidden_size, generator=gen)
-    valid = torch.arange(24)[None, :] < torch.tensor(texts)[:, None]
-    prefixes = [torch.randint(0, vocab, (1, length, channels), generator=gen) for length in positions]
-    for cache in caches:
-        cache.claim(rows)
-        network.decoder.write_cross(cache, rows, encoded, valid)
-        for row, prefix in zip(rows, prefixes):
-            network.step(cache, [row], prefix)
+    caches = decoded_nh_caches(network, 2, rows, positions, texts, gen)
     untouched = caches[0].self_k[:, 6].clone()
     split = SplitNhDecoderStep(network, _pieces([0, n // 2, n], kinds), megakernel=VM)
     for _ in range(3):
