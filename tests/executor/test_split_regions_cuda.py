@@ -2,8 +2,9 @@
 captured launches of the CUDA megakernel. The Llama decoder step cut after layer 1 (megakernel, then graph;
 and graph, then megakernel) gives the conventional decode's logits within fp32 tolerance for three streams at
 different positions over several steps, its graph replays equal the same pieces run eagerly bit for bit, and the
-Qwen3-TTS talker step cut in half gives forward_tokens' hidden states and logits within bf16 tolerance.
-Needs an sm_90 GPU and libtilevox_kernels.so."""
+Qwen3-TTS talker step cut in half gives forward_tokens' hidden states and logits within bf16 tolerance, and the
+NH-TTS decoder step (cross-attention in every layer) cut in half gives NhTtsNetwork.step's logits and caches within
+fp32 tolerance, its replays equal to the same pieces run eagerly bit for bit. Needs an sm_90 GPU and libtilevox_kernels.so."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import torch
 from tilevox.engine_builder.regions import region_compiler
 from tilevox.executor.graphs import GraphOptions
 from tilevox.executor.megakernel import BackendOptions
-from tilevox.executor.split import SplitDecoderStep, SplitPiece, SplitTalkerStep
+from tilevox.executor.split import SplitDecoderStep, SplitNhDecoderStep, SplitPiece, SplitTalkerStep
 from tilevox.models.llasa.loader import load_preset as load_llasa
+from tilevox.models.nh_tts.loader import network_config
+from tilevox.models.nh_tts.weights import random_network
 from tilevox.models.qwen3_tts.layers import CacheView
 from tilevox.models.qwen3_tts.loader import load_preset as load_qwen3
 from tilevox.models.qwen3_tts.model import ModelOptions
@@ -107,3 +110,56 @@ def test_talker_step_in_pieces_equals_forward_tokens_bf16():
     split.check()
     torch.testing.assert_close(got_hidden.float(), want_hidden.float(), atol=6e-2, rtol=6e-2)
     torch.testing.assert_close(got_logits.float(), want_logits.float(), atol=6e-2, rtol=6e-2)
+
+
+def _nh_caches(network, count: int, rows, positions, texts, gen: torch.Generator) -> list:
+    """`count` identical NH-TTS decoder caches on the GPU: row rows[i] holds random encoder keys/values of
+    texts[i] positions and positions[i] decoded random frames."""
+    config = network.config
+    channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
+    caches = [network.new_cache(max_rows=8, max_seq_len=64, max_text_len=32) for _ in range(count)]
+    encoded = torch.randn(len(rows), 32, config.encoder.hidden_size, generator=gen).cuda()
+    valid = (torch.arange(32)[None, :] < torch.tensor(texts)[:, None]).cuda()
+    prefixes = [torch.randint(0, vocab, (1, n, channels), generator=gen).cuda() for n in positions]
+    with torch.no_grad():
+        for cache in caches:
+            cache.claim(rows)
+            network.decoder.write_cross(cache, rows, encoded, valid)
+            for row, prefix in zip(rows, prefixes):
+                network.step(cache, [row], prefix)
+    return caches
+
+
+@pytest.mark.parametrize("kinds", ["mg", "gm"])
+def test_nh_tts_decoder_step_in_pieces_equals_step_and_replays_equal_first_calls(kinds):
+    """random:nh-tts-tiny (fp32) on the GPU: rows 5, 0, 2 at positions 6, 1, 17 with text lengths 9, 1, 30, four
+    steps: logits and self-attention caches within fp32 tolerance of NhTtsNetwork.step, lengths advanced alike;
+    the same pieces run eagerly (no graphs, launches not captured) equal the replays bit for bit."""
+    network = random_network(network_config("nh-tts-tiny"), seed=1, device="cuda", dtype=torch.float32)
+    config = network.config
+    n = config.decoder.num_hidden_layers
+    channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
+    rows, positions, texts = [5, 0, 2], [6, 1, 17], [9, 1, 30]
+    gen = torch.Generator().manual_seed(5)
+    ref_cache, split_cache, again_cache = _nh_caches(network, 3, rows, positions, texts, gen)
+    pieces = [SplitPiece(0, n // 2, megakernel=kinds[0] == "m"), SplitPiece(n // 2, n, megakernel=kinds[1] == "m")]
+    split = SplitNhDecoderStep(network, pieces, megakernel=MK)
+    steps = []
+    for _ in range(4):
+        codes = torch.randint(0, vocab, (3, 1, channels), generator=gen).cuda()
+        with torch.no_grad():
+            want = network.step(ref_cache, rows, codes)
+        got = split(split_cache, rows, codes)
+        assert got.shape == want.shape == (3, channels, vocab)
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+        assert split_cache.lengths == ref_cache.lengths
+        steps.append((codes, got))
+    split.check()
+    torch.testing.assert_close(split_cache.self_k, ref_cache.self_k, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(split_cache.self_v, ref_cache.self_v, atol=1e-3, rtol=1e-3)
+    assert split.num_split_calls == 4 and split.num_conventional_calls == 0
+    eager = dataclasses.replace(MK, cuda_graphs=False)
+    fresh = SplitNhDecoderStep(network, pieces, graphs=GraphOptions(capture=False), megakernel=eager)
+    for codes, got in steps:
+        assert torch.equal(fresh(again_cache, rows, codes), got)
+    torch.cuda.synchronize()
