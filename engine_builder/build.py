@@ -43,6 +43,7 @@ from tilevox.engine_builder.composition import (
     ConventionalCosts,
     CutCosts,
     Piece,
+    Ranked,
     RegionLayout,
     cuts_s,
     enumerate_compositions,
@@ -165,6 +166,47 @@ def piece_prices(
 
 def _is_cut(composition: Composition, layout: Sequence[RegionLayout]) -> bool:
     return any(not _whole(p, layout) for p in composition.pieces)
+
+
+def _to_measure(
+    ranked: Sequence[Ranked],
+    layout: Sequence[RegionLayout],
+    measure_top: int,
+    anchor_backends: dict[str, Backend],
+    *,
+    splits: bool,
+) -> list[tuple[Ranked, str]]:
+    """The candidates `--measure` runs end to end at one bucket, each with why, in this order: the `measure_top`
+    best predicted, the best cut (with splits, so that a cut is always measured against its prediction), and
+    the two fixed choices a user has without a plan: every region on the anchor's conventional backend, and
+    every region whole on the megakernel where it has one (`--megakernel all`). The plan keeps the fastest
+    measured, so that at every bucket it is never slower than either fixed choice measured in the same build."""
+    finite = [r for r in ranked if math.isfinite(r.step_s)]
+    mk_regions = {p.region for r in finite for p in r.composition.pieces if p.backend is Backend.MEGAKERNEL}
+
+    def all_megakernel(r: Ranked) -> bool:
+        on_mk = {p.region for p in r.composition.pieces if p.backend is Backend.MEGAKERNEL}
+        return not _is_cut(r.composition, layout) and on_mk == mk_regions
+
+    chosen: list[tuple[Ranked | None, str]] = [(r, f"predicted top {measure_top}") for r in finite[:measure_top]]
+    if splits:
+        chosen.append((next((r for r in finite if _is_cut(r.composition, layout)), None), "best cut"))
+    conventional = next(
+        (r for r in finite if all(p.backend is anchor_backends[p.region] for p in r.composition.pieces)), None
+    )
+    chosen.append((conventional, "fixed: all conventional"))
+    if mk_regions:
+        chosen.append((next((r for r in finite if all_megakernel(r)), None), "fixed: all megakernel"))
+    out: list[tuple[Ranked, list[str]]] = []
+    for r, why in chosen:
+        if r is None:
+            continue
+        seen = next((o for o in out if o[0] is r), None)
+        if seen is None:
+            out.append((r, [why]))
+        else:
+            seen[1].append(why)
+    return [(r, ", ".join(why)) for r, why in out]
 
 
 def _layers(layout: Sequence[RegionLayout]) -> dict[str, int]:
@@ -499,14 +541,13 @@ def build_plan(
         if not math.isfinite(ranked[0].step_s):
             raise RuntimeError(f"no candidate could be measured at batch {batch}")
         if measure_top > 0:
-            top = [r for r in ranked[:measure_top] if math.isfinite(r.step_s)]
-            if splits:  # the best cut candidate too, so that a cut is always measured against its prediction
-                cut = next((r for r in ranked if _is_cut(r.composition, layout) and math.isfinite(r.step_s)), None)
-                if cut is not None and cut not in top:
-                    top.append(cut)
-                    row = ranked_report[batch].pop(ranked.index(cut))
-                    ranked_report[batch].insert(len(top) - 1, row)
-                    ranked = [*top, *(r for r in ranked if r not in top)]
+            chosen = _to_measure(ranked, layout, measure_top, anchor_backends, splits=splits)
+            top = [r for r, _ in chosen]
+            rows = {id(r): row for r, row in zip(ranked, ranked_report[batch], strict=True)}
+            for r, why in chosen:
+                rows[id(r)]["measured_as"] = why
+            ranked = [*top, *(r for r in ranked if all(r is not t for t in top))]
+            ranked_report[batch] = [rows[id(r)] for r in ranked]
             measured_steps = []
             for row, candidate in zip(ranked_report[batch], top):
                 if progress is not None:

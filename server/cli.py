@@ -803,8 +803,9 @@ def _add_build(subparsers) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="also run each bucket's N best predicted candidates end to end and keep the fastest measured "
-        "(report: predicted vs measured, build_report.png)",
+        help="also run each bucket's N best predicted candidates end to end, with the two fixed choices (all "
+        "conventional, all megakernel), and keep the fastest measured (report: predicted vs measured, "
+        "build_report.png)",
     )
     p.add_argument(
         "--splits",
@@ -873,7 +874,9 @@ def _run_build(args: argparse.Namespace) -> int:
         cache = profile_cache_for(model, args.model, cache_path)
     except ProfileCacheError as exc:
         raise CommandError(f"--profile-cache: {exc}") from None
-    steps_of_work = len(batches) * (len(backends) + args.measure + (1 if args.splits and args.measure else 0))
+    # per bucket: each backend's profile; with --measure its N best, the best cut and the two fixed choices (at most)
+    measured = args.measure + (1 if args.splits else 0) + 2 if args.measure else 0
+    steps_of_work = len(batches) * (len(backends) + measured)
     with tqdm(total=steps_of_work, desc="profiling", file=sys.stderr, leave=False) as bar:
 
         def progress(what: str) -> None:
