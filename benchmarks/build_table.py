@@ -128,6 +128,15 @@ def _cell(model: str, batch: int, rows: Sequence[Mapping], plan_bucket: Mapping 
     def label(row):
         return short_label(row["composition"], layers) if row is not None else None
 
+    # the two fixed choices, where the build measured them (reports since 2026-12-08 say why a row was measured)
+    fixed = {
+        name: r["measured_step_ms"]
+        for name in ("all conventional", "all megakernel")
+        for r in measured
+        if f"fixed: {name}" in r.get("measured_as", "")
+    }
+    best_fixed = min(fixed.values()) if fixed else None
+
     return {
         "model": model,
         "name": ISSUE_MODELS.get(model, model),
@@ -144,10 +153,22 @@ def _cell(model: str, batch: int, rows: Sequence[Mapping], plan_bucket: Mapping 
         "pick_prediction_error": _error(pick) if pick is not None else None,
         "measured_best_step_ms": best["measured_step_ms"] if best is not None else None,
         "pick_slowdown": pick_measured / best["measured_step_ms"] - 1.0 if within is not None else None,
+        "fixed_step_ms": fixed,
+        # the measured best (what plan.json keeps with --measure) against the faster fixed choice
+        "best_vs_best_fixed": best["measured_step_ms"] / best_fixed - 1.0 if best_fixed else None,
         "errors": errors,
         "unmeasurable": [label(r) for r in rows if r.get("predicted_step_ms") is None],
         "_pick_composition": pick["composition"] if pick is not None else None,
     }
+
+
+def _fixed(row: Mapping) -> str:
+    """The fixed choices' measured times, and how the measured best compares with the faster one."""
+    fixed = row.get("fixed_step_ms") or {}
+    if not fixed:
+        return "not measured"
+    times = " / ".join(_ms(fixed[k]) if k in fixed else "n/a" for k in ("all conventional", "all megakernel"))
+    return f"{times} (best {_pct(row['best_vs_best_fixed'])})"
 
 
 def _category(choices: Mapping[int, Sequence[Mapping]]) -> dict:
@@ -274,9 +295,9 @@ def markdown(table: Mapping, *, title: str = "tilevox build: predicted vs measur
     lines += [
         "",
         "| model | batch | predicted pick | measured best | pick within "
-        f"{s['tolerance']:.0%} | pick predicted ms | pick measured ms | best measured ms | prediction error of "
-        "every measured candidate |",
-        "|---|---:|---|---|---|---:|---:|---:|---|",
+        f"{s['tolerance']:.0%} | pick predicted ms | pick measured ms | best measured ms | fixed choices ms "
+        "(all conventional / all megakernel) | prediction error of every measured candidate |",
+        "|---|---:|---|---|---|---:|---:|---:|---|---|",
     ]
     for r in table["rows"]:
         if r["pick_within_tolerance"] is None:
@@ -291,7 +312,7 @@ def markdown(table: Mapping, *, title: str = "tilevox build: predicted vs measur
         lines.append(
             f"| {r['name']} | {r['batch']} | {r['predicted_pick']} | {r['measured_best'] or 'n/a'} | {within} | "
             f"{_ms(r['pick_predicted_step_ms'])} | {_ms(r['pick_measured_step_ms'])} | "
-            f"{_ms(r['measured_best_step_ms'])} | {errors} |"
+            f"{_ms(r['measured_best_step_ms'])} | {_fixed(r)} | {errors} |"
         )
     lines += [
         "",

@@ -233,3 +233,24 @@ def test_a_real_cpu_build_report(bt, tmp_path, capsys):
     assert model["category_source"] == "build report"  # the build classifies its plan: the same as classify here
     planned = json.loads((out / "plan.json").read_text())["buckets"]
     assert model["category"] == bt._category({b["batch"]: b["composition"] for b in planned})["category"]
+
+
+def test_the_fixed_choices_are_reported_where_the_build_measured_them(bt, tmp_path):
+    """A report that says why each row was measured (builds since 2026-12-08): the fixed choices' times and the
+    measured best against the faster of them; a report without it says they were not measured."""
+    llasa = json.loads(json.dumps(LLASA))
+    for rows in llasa["candidates"].values():
+        for row in rows:
+            fixed = "all megakernel" if row["label"].endswith("=mk") else "all conventional"
+            row["measured_as"] = f"predicted top 2, fixed: {fixed}"
+    llasa["candidates"]["8"][0]["measured_step_ms"] = 7.5  # the graph, now faster than predicted
+    table = bt.build_table([bt.load_report(_write(tmp_path, n, r)) for n, r in (("l", llasa), ("q", QWEN))])
+    rows = {(r["name"], r["batch"]): r for r in table["rows"]}
+    assert rows[("Llasa-1B", 1)]["fixed_step_ms"] == {"all conventional": 5.0, "all megakernel": 5.1}
+    assert rows[("Llasa-1B", 1)]["best_vs_best_fixed"] == 0.0
+    assert rows[("Llasa-1B", 8)]["fixed_step_ms"] == {"all conventional": 7.5, "all megakernel": 9.0}
+    assert (
+        rows[("Qwen3-TTS-0.6B", 1)]["fixed_step_ms"] == {} and rows[("Qwen3-TTS-0.6B", 1)]["best_vs_best_fixed"] is None
+    )
+    markdown = bt.markdown(table)
+    assert "| 5.000 / 5.100 (best +0.0 %) |" in markdown and "| not measured |" in markdown
