@@ -343,13 +343,16 @@ def build_plan(
     commit: str = "unknown",
     progress: Callable[[str], None] | None = None,
     measure_top: int = 0,
+    measure_rounds: int = 3,
     cache: ProfileCache | None = None,
     splits: bool = False,
     split_context: int = 512,
 ) -> BuildResult:
     """Profile `model` (loaded on its device) at each batch in `batches` with each backend, search, plan.
     With `measure_top` > 0 the best predicted candidates of each bucket also run whole steps end to end,
-    and the bucket takes the fastest measured one (its prediction error is in the report). With `cache`
+    with the best cut and the two fixed choices (_to_measure), in `measure_rounds` interleaved rounds (each
+    candidate's time the median of its rounds' means), and the bucket takes the fastest measured one (its
+    prediction error is in the report). With `cache`
     (see `profile_cache_for`), a measurement stored by an earlier build of the same model on the same machine
     is reused instead of run again; new ones are added (the caller saves the cache). Each measurement warms up
     `warmup` steps and, with `until_audio`, until every stream has given audio (past a block codec's first
@@ -370,6 +373,8 @@ def build_plan(
     batches = sorted(set(batches))
     if not batches or batches[0] < 1:
         raise ValueError(f"batches must be positive, got {batches}")
+    if measure_rounds < 1:
+        raise ValueError(f"measure_rounds must be >= 1, got {measure_rounds}")
     layout = model_layout(model)
     regions = [r.name for r in layout]
     on_executor = [r.name for r in layout if r.executor]  # executor regions searched (graph or megakernel)
@@ -548,26 +553,49 @@ def build_plan(
                 rows[id(r)]["measured_as"] = why
             ranked = [*top, *(r for r in ranked if all(r is not t for t in top))]
             ranked_report[batch] = [rows[id(r)] for r in ranked]
-            measured_steps = []
-            for row, candidate in zip(ranked_report[batch], top):
-                if progress is not None:
-                    progress(f"measuring {candidate.composition.label()} at {batch} streams")
-                label = candidate.composition.label()
+            # Each candidate's measurement: from the cache, or timed in `measure_rounds` interleaved rounds (the
+            # order rotated each round), its time the median of its rounds' means: two timings of one composition
+            # in one build differed by up to 19 % (H100, 2026-12-08, Llasa-1B; each timing's steps within 2 %),
+            # so candidates timed once each, one after another, compare the machine's drift as much as themselves.
+            whats, results = [], {}
+            for candidate in top:
                 runs_mk = any(p.backend is Backend.MEGAKERNEL for p in candidate.composition.pieces)
-                what = {"composition": label, "batch": batch, **timing}
+                what = {"composition": candidate.composition.label(), "batch": batch, **timing}
                 what.update(mk_key if runs_mk else {})
+                what.update({"rounds": measure_rounds} if measure_rounds != 1 else {})
+                whats.append(what)
                 hit = cache.get("step", **what) if cache is not None else None
                 if hit is not None:
-                    step_ms, times_ms = hit["step"], []  # the cache keeps means only
-                else:
+                    results[id(candidate)] = (hit["step"], [], [])  # the cache keeps means only
+            to_time = [c for c in top if id(c) not in results]
+            rounds: dict[int, list[float]] = {id(c): [] for c in to_time}
+            steps_of: dict[int, list[float]] = {id(c): [] for c in to_time}
+            for round_index in range(measure_rounds if to_time else 0):
+                shift = round_index % len(to_time)
+                for candidate in to_time[shift:] + to_time[:shift]:
+                    if progress is not None:
+                        progress(
+                            f"measuring {candidate.composition.label()} at {batch} streams"
+                            + (f" (round {round_index + 1} of {measure_rounds})" if measure_rounds > 1 else "")
+                        )
                     install_composition(model, candidate.composition, megakernel, made)
                     settle_once(batch)
-                    times_ms = []
-                    step_ms = step_time_ms(model, batch, **timed, record=times_ms)
+                    rounds[id(candidate)].append(step_time_ms(model, batch, **timed, record=steps_of[id(candidate)]))
+            for candidate, what in zip(top, whats, strict=True):
+                if id(candidate) in rounds:
+                    results[id(candidate)] = (
+                        statistics.median(rounds[id(candidate)]),
+                        steps_of[id(candidate)],
+                        rounds[id(candidate)],
+                    )
                     if cache is not None:
-                        cache.put("step", {"step": step_ms}, **what)
+                        cache.put("step", {"step": results[id(candidate)][0]}, **what)
+            measured_steps = []
+            for row, candidate in zip(ranked_report[batch], top):
+                step_ms, times_ms, round_ms = results[id(candidate)]
                 row["measured_step_ms"] = step_ms
                 row["measured_step_times_ms"] = times_ms
+                row["measured_round_ms"] = round_ms
                 row["prediction_error"] = row["predicted_step_ms"] / step_ms - 1.0
                 measured_steps.append(step_ms)
                 uncut_ms = row["predicted_step_ms"] - row["predicted_cuts_ms"]

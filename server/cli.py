@@ -808,6 +808,14 @@ def _add_build(subparsers) -> None:
         "build_report.png)",
     )
     p.add_argument(
+        "--measure-rounds",
+        type=int,
+        default=3,
+        metavar="R",
+        help="with --measure: time the candidates in R interleaved rounds, each one's time the median of its "
+        "rounds (timings of one composition drift between rounds by more than candidates differ)",
+    )
+    p.add_argument(
         "--splits",
         action="store_true",
         help="also search compositions that cut the Llama decoder step, the Qwen3-TTS talker step or the NH-TTS "
@@ -853,8 +861,11 @@ def _run_build(args: argparse.Namespace) -> int:
     from tilevox.engine_builder.profile_cache import ProfileCacheError
     from tilevox.models.registry import load_model, parse_dtype
 
-    if args.measure < 0 or args.context < 1:
-        raise CommandError(f"--measure must be >= 0 and --context >= 1, got {args.measure}, {args.context}")
+    if args.measure < 0 or args.context < 1 or args.measure_rounds < 1:
+        raise CommandError(
+            "--measure must be >= 0, --measure-rounds >= 1 and --context >= 1, "
+            f"got {args.measure}, {args.measure_rounds}, {args.context}"
+        )
     if not args.settle >= 0:  # NaN too
         raise CommandError(f"--settle must be >= 0 seconds, got {args.settle}")
     try:
@@ -875,7 +886,7 @@ def _run_build(args: argparse.Namespace) -> int:
     except ProfileCacheError as exc:
         raise CommandError(f"--profile-cache: {exc}") from None
     # per bucket: each backend's profile; with --measure its N best, the best cut and the two fixed choices (at most)
-    measured = args.measure + (1 if args.splits else 0) + 2 if args.measure else 0
+    measured = (args.measure + (1 if args.splits else 0) + 2) * args.measure_rounds if args.measure else 0
     steps_of_work = len(batches) * (len(backends) + measured)
     with tqdm(total=steps_of_work, desc="profiling", file=sys.stderr, leave=False) as bar:
 
@@ -895,6 +906,7 @@ def _run_build(args: argparse.Namespace) -> int:
             commit=_commit(),
             progress=progress,
             measure_top=args.measure,
+            measure_rounds=args.measure_rounds,
             cache=cache,
             splits=args.splits,
             split_context=args.context,

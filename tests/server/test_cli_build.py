@@ -295,8 +295,9 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1,2", "--measure", "2"]
     argv += ["--megakernel-executor", "vm", "--warmup", "0", "--steps", "1", "--out", str(out)]
     assert main(argv) == 0
-    # 2 backends x 2 batches; 2 anchors + 4 candidates x 2 batches (the 2 best predicted, all graph, all megakernel)
-    assert calls == {"regions": 4, "step": 10}
+    # 2 backends x 2 batches; 2 anchors + 4 candidates (the 2 best predicted, all graph, all megakernel) x 2 batches
+    # x 3 rounds (the default --measure-rounds)
+    assert calls == {"regions": 4, "step": 26}
     assert settles == [(1, 2.0)]  # once, before the first measurement, at its batch
     first = json.loads((out / "build_report.json").read_text())
     # Predictions are anchored on the whole conventional step (7 + batch ms; its regions take 3 + 4 + 1 ms): the
@@ -305,7 +306,7 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     assert first["anchor_step_ms"] == {"1": 8.0, "2": 9.0}
     assert first["anchor_step_times_ms"] == {"1": [7.5, 8.5], "2": [8.5, 9.5]}
     measured_rows = [row for rows in first["candidates"].values() for row in rows if "measured_step_ms" in row]
-    assert len(measured_rows) == 8 and all(len(row["measured_step_times_ms"]) == 2 for row in measured_rows)
+    assert len(measured_rows) == 8 and all(len(row["measured_step_times_ms"]) == 6 for row in measured_rows)
     decoders = {
         "talker_step[0-2+head]=graph code_predictor_loop[0-2+head]=graph": 0.0,
         "talker_step[0-2+head]=mk code_predictor_loop[0-2+head]=graph": -1.0,
@@ -359,7 +360,7 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     monkeypatch.setattr(build, "region_times", fake_region_times)
     calls.update(regions=0, step=0)
     assert main([*argv[:-4], "--steps", "2", "--out", str(out)]) == 0
-    assert calls == {"regions": 4, "step": 10}
+    assert calls == {"regions": 4, "step": 26}
 
     (out / "profile_cache.json").write_text("{not json")
     assert main(argv) == 2
@@ -437,8 +438,53 @@ def test_the_model_signature_tells_configs_apart():
 
 
 def without_step_times(candidates: dict) -> dict:
-    """A report's candidates without the timed steps of their measurements (a rebuild from the cache has none)."""
+    """A report's candidates without the timed steps and rounds of their measurements (a rebuild from the cache
+    has neither)."""
+    timed = ("measured_step_times_ms", "measured_round_ms")
     return {
-        batch: [{k: v for k, v in row.items() if k != "measured_step_times_ms"} for row in rows]
-        for batch, rows in candidates.items()
+        batch: [{k: v for k, v in row.items() if k not in timed} for row in rows] for batch, rows in candidates.items()
     }
+
+
+def test_measured_candidates_are_timed_in_interleaved_rounds(tmp_path, monkeypatch):
+    """--measure-rounds 3: the candidates are timed round after round, the order rotated each round (A B C,
+    B C A, C A B), and each one's time is the median of its rounds' means, which are kept in the report."""
+    import tilevox.engine_builder.build as build
+
+    installed: list[str] = []
+    real_install = build.install_composition
+
+    def recording_install(model, composition, *args, **kwargs):
+        installed.append(composition.label())
+        return real_install(model, composition, *args, **kwargs)
+
+    def fake_region_times(model, batch, **_):  # the talker faster on the megakernel, the rest slower
+        mk = type(model.talker_step_backend).__name__.startswith("Megakernel")
+        return {"talker_step": 2.0 if mk else 3.0, "code_predictor_loop": 5.0 if mk else 4.0, "codec_decode": 1.0}
+
+    drift = iter([5.0, 9.0, 6.0, 8.0, 4.0, 7.0, 30.0, 1.0, 2.0])  # the 9 timed candidate steps, in call order
+
+    def fake_step_time_ms(model, batch, *, record=None, **_):
+        if len(installed) == 0:  # the anchor, timed before any candidate is installed
+            return 10.0
+        value = next(drift)
+        record.append(value)
+        return value
+
+    monkeypatch.setattr(build, "install_composition", recording_install)
+    monkeypatch.setattr(build, "region_times", fake_region_times)
+    monkeypatch.setattr(build, "step_time_ms", fake_step_time_ms)
+    out = tmp_path / "build"
+    argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1", "--measure", "1"]
+    argv += ["--measure-rounds", "3", "--megakernel-executor", "vm", "--warmup", "0", "--steps", "1"]
+    assert main([*argv, "--profile-cache", "none", "--out", str(out)]) == 0
+    assert len(installed) == 9
+    a, b, c = installed[:3]
+    assert len({a, b, c}) == 3 and installed[3:] == [b, c, a, c, a, b]
+    rows = {r["label"]: r for r in json.loads((out / "build_report.json").read_text())["candidates"]["1"]}
+    # calls: a 5, b 9, c 6 | b 8, c 4, a 7 | c 30, a 1, b 2 -> medians a 5, b 8, c 6
+    assert [rows[x]["measured_round_ms"] for x in (a, b, c)] == [[5.0, 7.0, 1.0], [9.0, 8.0, 2.0], [6.0, 4.0, 30.0]]
+    assert [rows[x]["measured_step_ms"] for x in (a, b, c)] == [5.0, 8.0, 6.0]
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["buckets"][0]["label"] == a  # the fastest median, though b and c each had a faster round
+    assert main([*argv[:-2], "--measure-rounds", "0", "--out", str(out)]) == 2
