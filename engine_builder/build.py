@@ -352,7 +352,8 @@ def build_plan(
     With `measure_top` > 0 the best predicted candidates of each bucket also run whole steps end to end,
     with the best cut and the two fixed choices (_to_measure), in `measure_rounds` interleaved rounds (each
     candidate's time the median of its rounds' means), and the bucket takes the fastest measured one (its
-    prediction error is in the report). With `cache`
+    prediction error is in the report). Each bucket's anchor (below) is the median of `measure_rounds`
+    timings too, back to back. With `cache`
     (see `profile_cache_for`), a measurement stored by an earlier build of the same model on the same machine
     is reused instead of run again; new ones are added (the caller saves the cache). Each measurement warms up
     `warmup` steps and, with `until_audio`, until every stream has given audio (past a block codec's first
@@ -408,6 +409,7 @@ def build_plan(
     # without it match builds without it.
     timed = {"warmup": warmup, "steps": steps, "until_audio": until_audio}
     timing = {"warmup": warmup, "steps": steps, **({"until_audio": True} if until_audio else {})}
+    rounds_key = {"rounds": measure_rounds} if measure_rounds != 1 else {}  # whole-step timings' repeats
     anchor_ms: dict[int, float] = {}
     anchor_times_ms: dict[int, list[float]] = {}  # each timed step of the anchor, for the report
     settled = [settle_s <= 0]  # whether the untimed steps before the first timing have run
@@ -434,7 +436,7 @@ def build_plan(
         )
         cached_anchor = {
             batch: (
-                cache.get("anchor", backend=backend.value, batch=batch, **timing)
+                cache.get("anchor", backend=backend.value, batch=batch, **timing, **rounds_key)
                 if cache is not None and anchors
                 else None
             )
@@ -489,10 +491,13 @@ def build_plan(
                 else:
                     settle_once(batch)
                     times_ms: list[float] = []
-                    anchor_ms[batch] = step_time_ms(model, batch, **timed, record=times_ms)
+                    # the median of `measure_rounds` timings, as a measured candidate's (one timing drifts)
+                    anchor_ms[batch] = statistics.median(
+                        [step_time_ms(model, batch, **timed, record=times_ms) for _ in range(measure_rounds)]
+                    )
                     anchor_times_ms[batch] = times_ms
                     if cache is not None:
-                        what = {"backend": backend.value, "batch": batch, **timing}
+                        what = {"backend": backend.value, "batch": batch, **timing, **rounds_key}
                         cache.put("anchor", {"step": anchor_ms[batch]}, **what)
             for region in layout:
                 kind = _pass_backend(region, backend).value
@@ -562,7 +567,7 @@ def build_plan(
                 runs_mk = any(p.backend is Backend.MEGAKERNEL for p in candidate.composition.pieces)
                 what = {"composition": candidate.composition.label(), "batch": batch, **timing}
                 what.update(mk_key if runs_mk else {})
-                what.update({"rounds": measure_rounds} if measure_rounds != 1 else {})
+                what.update(rounds_key)
                 whats.append(what)
                 hit = cache.get("step", **what) if cache is not None else None
                 if hit is not None:

@@ -812,8 +812,9 @@ def _add_build(subparsers) -> None:
         type=int,
         default=3,
         metavar="R",
-        help="with --measure: time the candidates in R interleaved rounds, each one's time the median of its "
-        "rounds (timings of one composition drift between rounds by more than candidates differ)",
+        help="time each whole step R times and keep the median: each bucket's anchor (back to back) and, with "
+        "--measure, the candidates in R interleaved rounds (timings of one composition drift by more than "
+        "candidates differ)",
     )
     p.add_argument(
         "--splits",

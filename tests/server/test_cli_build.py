@@ -295,16 +295,16 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     argv = ["build", "--model", "random:qwen3-tts-tiny", "--device", "cpu", "--batches", "1,2", "--measure", "2"]
     argv += ["--megakernel-executor", "vm", "--warmup", "0", "--steps", "1", "--out", str(out)]
     assert main(argv) == 0
-    # 2 backends x 2 batches; 2 anchors + 4 candidates (the 2 best predicted, all graph, all megakernel) x 2 batches
+    # 2 backends x 2 batches; (1 anchor + 4 candidates: the 2 best predicted, all graph, all megakernel) x 2 batches
     # x 3 rounds (the default --measure-rounds)
-    assert calls == {"regions": 4, "step": 26}
+    assert calls == {"regions": 4, "step": 30}
     assert settles == [(1, 2.0)]  # once, before the first measurement, at its batch
     first = json.loads((out / "build_report.json").read_text())
     # Predictions are anchored on the whole conventional step (7 + batch ms; its regions take 3 + 4 + 1 ms): the
     # all-graph composition is predicted as its anchor, the others as the anchor plus their regions' difference
     # (and the priced cost of a cut between a graph and a megakernel, microseconds; none around the codec decode).
     assert first["anchor_step_ms"] == {"1": 8.0, "2": 9.0}
-    assert first["anchor_step_times_ms"] == {"1": [7.5, 8.5], "2": [8.5, 9.5]}
+    assert first["anchor_step_times_ms"] == {"1": [7.5, 8.5] * 3, "2": [8.5, 9.5] * 3}  # three timings each
     measured_rows = [row for rows in first["candidates"].values() for row in rows if "measured_step_ms" in row]
     assert len(measured_rows) == 8 and all(len(row["measured_step_times_ms"]) == 6 for row in measured_rows)
     decoders = {
@@ -351,7 +351,7 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     monkeypatch.setattr(build, "step_time_ms", fake_step_time_ms)
     calls.update(regions=0, step=0)
     assert main(argv) == 0
-    assert calls == {"regions": 0, "step": 2}
+    assert calls == {"regions": 0, "step": 6}  # 2 anchors, timed 3 times each
     assert settles == [(1, 2.0)]  # before the first anchor: whichever timing comes first
     third = json.loads((out / "build_report.json").read_text())
     assert without_step_times(third["candidates"]) == without_step_times(first["candidates"])
@@ -360,7 +360,7 @@ def test_a_rebuild_reuses_the_profile_cache_and_measures_only_what_changed(tmp_p
     monkeypatch.setattr(build, "region_times", fake_region_times)
     calls.update(regions=0, step=0)
     assert main([*argv[:-4], "--steps", "2", "--out", str(out)]) == 0
-    assert calls == {"regions": 4, "step": 26}
+    assert calls == {"regions": 4, "step": 30}
 
     (out / "profile_cache.json").write_text("{not json")
     assert main(argv) == 2
@@ -394,7 +394,7 @@ def test_the_plan_records_its_megakernel_tiling_and_the_cache_keys_on_it(tmp_pat
     argv += ["--megakernel-executor", "vm", "--warmup", "0", "--steps", "1", "--out", str(out)]
     assert main(argv) == 0
     assert json.loads((out / "plan.json").read_text())["tiling"] == TilingConfig().to_dict()
-    assert calls == {"regions": ["graph", "megakernel"], "step": 1}
+    assert calls == {"regions": ["graph", "megakernel"], "step": 3}  # the anchor, timed 3 times
     calls.update(regions=[], step=0)
     assert main([*argv, "--megakernel-tiling", "split_qkv=on,attn_rows=2"]) == 0
     assert calls == {"regions": ["megakernel"], "step": 0}  # the graph's times and the anchor from the cache
