@@ -14,7 +14,8 @@ conventional cost of its layers and head, or the megakernel's time for the whole
 that time times the piece's share of the simulated tile graphs, see build_plan). The search ranks
 every candidate per bucket (engine_builder.composition.search); the plan records the winner, and the report
 every candidate's prediction. A candidate's predicted step time is anchored on one measured whole step per
-bucket with every region conventional (`step_time_ms`, no per-region syncs): its regions' times plus what
+bucket with every region conventional (`step_time_ms`, no per-region syncs; the median of `measure_rounds`
+timings): its regions' times plus what
 that anchor spent outside its own regions (sampling, host work between phases, and the codec where it is no
 region).
 
