@@ -43,6 +43,7 @@ import argparse
 import datetime
 import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -121,6 +122,7 @@ def _cell(model: str, batch: int, rows: Sequence[Mapping], plan_bucket: Mapping 
             "predicted_step_ms": r["predicted_step_ms"],
             "measured_step_ms": r["measured_step_ms"],
             "prediction_error": _error(r),
+            "round_ms": list(r.get("measured_round_ms") or []),
         }
         for r in sorted(measured, key=lambda r: r["measured_step_ms"])
     ]
@@ -259,6 +261,10 @@ def build_table(reports: Sequence[tuple[Path, Mapping]], *, tolerance: float = T
         "max_abs_error_picks": max(pick_errors) if pick_errors else None,
         "max_abs_error_all": max(all_errors) if all_errors else None,
         "plan_choice_is_measured_best": sum(r["plan_choice"] == r["measured_best"] for r in judged),
+        # builds since 8e3e2cd time each candidate in rounds: how far one composition's rounds spread (max / min - 1)
+        "round_spreads": sorted(
+            max(e["round_ms"]) / min(e["round_ms"]) - 1.0 for r in rows for e in r["errors"] if len(e["round_ms"]) > 1
+        ),
     }
     summary["line"] = _summary_line(summary)
     return {"models": model_rows, "rows": rows, "summary": summary}
@@ -282,6 +288,12 @@ def _summary_line(s: Mapping) -> str:
         f"best or within {s['tolerance']:.0%} of it ({s['pick_is_measured_best']} exactly the measured best); max "
         f"|prediction error|: {_pct(s['max_abs_error_picks'], signed=False)} among the picks, "
         f"{_pct(s['max_abs_error_all'], signed=False)} among all measured candidates"
+        + (
+            f"; one candidate's measuring rounds spread by {_pct(statistics.median(spreads), signed=False)} "
+            f"(median) and {_pct(spreads[-1], signed=False)} (most) over {len(spreads)} candidates"
+            if (spreads := s.get("round_spreads"))
+            else ""
+        )
     )
 
 

@@ -244,6 +244,8 @@ def test_the_fixed_choices_are_reported_where_the_build_measured_them(bt, tmp_pa
             fixed = "all megakernel" if row["label"].endswith("=mk") else "all conventional"
             row["measured_as"] = f"predicted top 2, fixed: {fixed}"
     llasa["candidates"]["8"][0]["measured_step_ms"] = 7.5  # the graph, now faster than predicted
+    llasa["candidates"]["8"][0]["measured_round_ms"] = [7.5, 6.0, 9.0]  # rounds 50 % apart
+    llasa["candidates"]["1"][0]["measured_round_ms"] = [5.0, 5.5]  # 10 % apart
     table = bt.build_table([bt.load_report(_write(tmp_path, n, r)) for n, r in (("l", llasa), ("q", QWEN))])
     rows = {(r["name"], r["batch"]): r for r in table["rows"]}
     assert rows[("Llasa-1B", 1)]["fixed_step_ms"] == {"all conventional": 5.0, "all megakernel": 5.1}
@@ -254,3 +256,5 @@ def test_the_fixed_choices_are_reported_where_the_build_measured_them(bt, tmp_pa
     )
     markdown = bt.markdown(table)
     assert "| 5.000 / 5.100 (best +0.0 %) |" in markdown and "| not measured |" in markdown
+    assert table["summary"]["round_spreads"] == pytest.approx([0.1, 0.5])
+    assert "rounds spread by 30.0 % (median) and 50.0 % (most) over 2 candidates" in markdown
