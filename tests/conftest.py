@@ -91,18 +91,23 @@ def sampled_frames(model, seeds, params, *, steps: int) -> dict[int, list[torch.
     return {seed: out[i] for seed, i in zip(seeds, ids)}
 
 
-def decoded_nh_caches(network, count: int, rows, positions, texts, gen: torch.Generator) -> list:
-    """`count` identical NH-TTS decoder caches (8 rows x 40 positions, texts of up to 24 encoder positions): row
-    rows[i] holds random encoder keys/values of texts[i] positions and positions[i] random decoded frames."""
+def decoded_nh_caches(
+    network, count: int, rows, positions, texts, gen: torch.Generator, *, max_seq_len: int = 40, max_text_len: int = 24
+) -> list:
+    """`count` identical NH-TTS decoder caches (8 rows x max_seq_len positions, texts of up to max_text_len encoder
+    positions) on the network's device: row rows[i] holds random encoder keys/values of texts[i] positions and
+    positions[i] random decoded frames (drawn from `gen` on the CPU)."""
     config = network.config
+    device = next(network.parameters()).device
     channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
-    caches = [network.new_cache(max_rows=8, max_seq_len=40, max_text_len=24) for _ in range(count)]
-    encoded = torch.randn(len(rows), 24, config.encoder.hidden_size, generator=gen)
-    valid = torch.arange(24)[None, :] < torch.tensor(texts)[:, None]
-    prefixes = [torch.randint(0, vocab, (1, n, channels), generator=gen) for n in positions]
-    for cache in caches:
-        cache.claim(rows)
-        network.decoder.write_cross(cache, rows, encoded, valid)
-        for row, prefix in zip(rows, prefixes):
-            network.step(cache, [row], prefix)
+    caches = [network.new_cache(max_rows=8, max_seq_len=max_seq_len, max_text_len=max_text_len) for _ in range(count)]
+    encoded = torch.randn(len(rows), max_text_len, config.encoder.hidden_size, generator=gen).to(device)
+    valid = (torch.arange(max_text_len)[None, :] < torch.tensor(texts)[:, None]).to(device)
+    prefixes = [torch.randint(0, vocab, (1, n, channels), generator=gen).to(device) for n in positions]
+    with torch.no_grad():
+        for cache in caches:
+            cache.claim(rows)
+            network.decoder.write_cross(cache, rows, encoded, valid)
+            for row, prefix in zip(rows, prefixes):
+                network.step(cache, [row], prefix)
     return caches

@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 import torch
 
+from tests.conftest import decoded_nh_caches
 from tilevox.engine_builder.regions import region_compiler
 from tilevox.executor.graphs import GraphOptions
 from tilevox.executor.megakernel import BackendOptions
@@ -112,24 +113,6 @@ def test_talker_step_in_pieces_equals_forward_tokens_bf16():
     torch.testing.assert_close(got_logits.float(), want_logits.float(), atol=6e-2, rtol=6e-2)
 
 
-def _nh_caches(network, count: int, rows, positions, texts, gen: torch.Generator) -> list:
-    """`count` identical NH-TTS decoder caches on the GPU: row rows[i] holds random encoder keys/values of
-    texts[i] positions and positions[i] decoded random frames."""
-    config = network.config
-    channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
-    caches = [network.new_cache(max_rows=8, max_seq_len=64, max_text_len=32) for _ in range(count)]
-    encoded = torch.randn(len(rows), 32, config.encoder.hidden_size, generator=gen).cuda()
-    valid = (torch.arange(32)[None, :] < torch.tensor(texts)[:, None]).cuda()
-    prefixes = [torch.randint(0, vocab, (1, n, channels), generator=gen).cuda() for n in positions]
-    with torch.no_grad():
-        for cache in caches:
-            cache.claim(rows)
-            network.decoder.write_cross(cache, rows, encoded, valid)
-            for row, prefix in zip(rows, prefixes):
-                network.step(cache, [row], prefix)
-    return caches
-
-
 @pytest.mark.parametrize("kinds", ["mg", "gm"])
 def test_nh_tts_decoder_step_in_pieces_equals_step_and_replays_equal_first_calls(kinds):
     """random:nh-tts-tiny (fp32) on the GPU: rows 5, 0, 2 at positions 6, 1, 17 with text lengths 9, 1, 30, four
@@ -141,7 +124,9 @@ def test_nh_tts_decoder_step_in_pieces_equals_step_and_replays_equal_first_calls
     channels, vocab = config.decoder.num_channels, config.decoder.vocab_size
     rows, positions, texts = [5, 0, 2], [6, 1, 17], [9, 1, 30]
     gen = torch.Generator().manual_seed(5)
-    ref_cache, split_cache, again_cache = _nh_caches(network, 3, rows, positions, texts, gen)
+    ref_cache, split_cache, again_cache = decoded_nh_caches(
+        network, 3, rows, positions, texts, gen, max_seq_len=64, max_text_len=32
+    )
     pieces = [SplitPiece(0, n // 2, megakernel=kinds[0] == "m"), SplitPiece(n // 2, n, megakernel=kinds[1] == "m")]
     split = SplitNhDecoderStep(network, pieces, megakernel=MK)
     steps = []
