@@ -101,7 +101,8 @@ def _check_pieces(pieces: Sequence[SplitPiece], num_layers: int) -> tuple[SplitP
 
 class _SplitRegion:
     """The pieces' runners (a megakernel runner, or graphs of a conventional span, per piece) and the
-    bookkeeping every split region shares."""
+    bookkeeping every split region shares. `network` is the region's module (models.region_backends.region_module:
+    the LlamaForCausalLM, the talker, the NH-TTS network)."""
 
     name = ""
 
@@ -109,8 +110,8 @@ class _SplitRegion:
         self,
         network: torch.nn.Module,
         pieces: Sequence[SplitPiece],
-        graphs: GraphOptions | None,
-        megakernel: BackendOptions | None,
+        graphs: GraphOptions | None = None,
+        megakernel: BackendOptions | None = None,
     ) -> None:
         self.num_layers = decoder_view(network).num_layers
         self.pieces = _check_pieces(pieces, self.num_layers)
@@ -248,26 +249,16 @@ class SplitDecoderStep(_SplitRegion):
 
     name = DECODER_STEP
 
-    def __init__(
-        self,
-        llama: torch.nn.Module,
-        pieces: Sequence[SplitPiece],
-        graphs: GraphOptions | None = None,
-        megakernel: BackendOptions | None = None,
-    ) -> None:
-        self.llama = llama
-        super().__init__(llama, pieces, graphs, megakernel)
-
     def _span_function(self, piece: SplitPiece) -> Callable[..., object]:
         last = piece.stop == self.num_layers
 
         def span(x: torch.Tensor, where: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
             # x: token ids (B,) on the first piece, else the residual stream (B, hidden)
-            h = self.llama.embed(x[:, None]) if piece.first == 0 else x[:, None]
-            h = self.llama.forward_layers(
+            h = self.network.embed(x[:, None]) if piece.first == 0 else x[:, None]
+            h = self.network.forward_layers(
                 h, self._cache, where[:, 0], where[:, 1:2], keys.shape[0], piece.first, piece.stop
             )[:, 0]
-            return self.llama.head(h) if last else h
+            return self.network.head(h) if last else h
 
         return span
 
@@ -275,7 +266,7 @@ class SplitDecoderStep(_SplitRegion):
     def __call__(self, cache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor:
         slots = [int(s) for s in slots]
         if token_ids.dim() != 1 or not cache.takes_decode(slots, token_ids.shape[0]):
-            return self.llama.decode(cache, slots, token_ids)  # not a fallback: decode raises its own error
+            return self.network.decode(cache, slots, token_ids)  # not a fallback: decode raises its own error
         batch = len(slots)
         try:
             self._check_call(batch, cache)
@@ -286,7 +277,7 @@ class SplitDecoderStep(_SplitRegion):
             )
         except _CallUnsupported as exc:
             self._fallback(str(exc))
-            return self.llama.decode(cache, slots, token_ids)
+            return self.network.decode(cache, slots, token_ids)
         self._cache = cache
         positions = [cache.lengths[s] for s in slots]
         padded_slots = slots + [slots[0]] * (bucket - batch)
@@ -321,23 +312,13 @@ class SplitTalkerStep(_SplitRegion):
 
     name = TALKER_STEP
 
-    def __init__(
-        self,
-        talker: torch.nn.Module,
-        pieces: Sequence[SplitPiece],
-        graphs: GraphOptions | None = None,
-        megakernel: BackendOptions | None = None,
-    ) -> None:
-        self.talker = talker
-        super().__init__(talker, pieces, graphs, megakernel)
-
     def _span_function(self, piece: SplitPiece) -> Callable[..., object]:
         last = piece.stop == self.num_layers
 
         def span(x: torch.Tensor, slots: torch.Tensor, start: torch.Tensor, keys: torch.Tensor):
             view = CacheView(cache=self._cache, slots=slots, start=start, kv_len=keys.shape[0])
-            h = self.talker.forward_layers(x[:, None], view, piece.first, piece.stop)[:, 0]
-            return self.talker.head(h) if last else h
+            h = self.network.forward_layers(x[:, None], view, piece.first, piece.stop)[:, 0]
+            return self.network.head(h) if last else h
 
         return span
 
@@ -361,7 +342,7 @@ class SplitTalkerStep(_SplitRegion):
             )
         except _CallUnsupported as exc:
             self._fallback(str(exc))
-            return self.talker.forward_tokens(inputs, view)
+            return self.network.forward_tokens(inputs, view)
         cache = self._cache = view.cache
         keys = key_bucket(view.kv_len, cache.max_len)
         index = _pad_index(batch, bucket, inputs.device)
@@ -387,21 +368,11 @@ class SplitNhDecoderStep(_SplitRegion):
 
     name = NH_DECODER_STEP
 
-    def __init__(
-        self,
-        network: torch.nn.Module,
-        pieces: Sequence[SplitPiece],
-        graphs: GraphOptions | None = None,
-        megakernel: BackendOptions | None = None,
-    ) -> None:
-        self.nh = network
-        super().__init__(network, pieces, graphs, megakernel)
-
     def _span_function(self, piece: SplitPiece) -> Callable[..., object]:
         last = piece.stop == self.num_layers
 
         def span(x: torch.Tensor, where: torch.Tensor, keys: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-            h = self.nh.decoder.forward_layers(
+            h = self.network.decoder.forward_layers(
                 self._cache,
                 where[:, 0],
                 where[:, 1:2],
@@ -411,7 +382,7 @@ class SplitNhDecoderStep(_SplitRegion):
                 first=piece.first,
                 stop=piece.stop,
             )[:, -1]
-            return self.nh.head(h) if last else h
+            return self.network.head(h) if last else h
 
         return span
 
@@ -419,7 +390,7 @@ class SplitNhDecoderStep(_SplitRegion):
     def __call__(self, cache, rows: Sequence[int], codes: torch.Tensor) -> torch.Tensor:
         rows = [int(r) for r in rows]
         if not _nh_well_formed(cache, rows, codes):
-            return self.nh.step(cache, rows, codes)  # not a fallback: step raises its own error
+            return self.network.step(cache, rows, codes)  # not a fallback: step raises its own error
         batch = codes.shape[0]
         try:
             _nh_check_decode(cache, rows, codes)
@@ -436,7 +407,7 @@ class SplitNhDecoderStep(_SplitRegion):
             )
         except _CallUnsupported as exc:
             self._fallback(str(exc))
-            return self.nh.step(cache, rows, codes)
+            return self.network.step(cache, rows, codes)
         self._cache = cache
         positions = [cache.lengths[r] for r in rows]
         texts = [cache.text_lengths[r] for r in rows]
@@ -448,9 +419,9 @@ class SplitNhDecoderStep(_SplitRegion):
         )
         keys = key_bucket(max(positions) + 1, cache.max_seq_len)
         text = length_bucket(max(texts), MIN_TEXT_BUCKET, cache.max_text_len)
-        dec = self.nh.config.decoder
+        dec = self.network.config.decoder
         logits = self._run_pieces(
-            self.nh.decoder.embeddings(codes[_pad_index(batch, bucket, codes.device)])[:, 0],  # (bucket, hidden)
+            self.network.decoder.embeddings(codes[_pad_index(batch, bucket, codes.device)])[:, 0],  # (bucket, hidden)
             compiled,
             bucket,
             megakernel_inputs={
