@@ -575,6 +575,25 @@ def _nh_step_inputs(cache: NhDecoderCache, rows: Sequence[int], x_in: torch.Tens
     }
 
 
+# What the region compiler takes from each model's KV cache (one place for the whole-region backends below and
+# executor.split's pieces).
+def _decoder_cache_args(cache: LlamaKVCache) -> dict[str, int]:
+    return {"max_context": cache.max_seq_len, "num_cache_slots": cache.k.shape[1], "cache_len": cache.max_seq_len}
+
+
+def _talker_cache_args(cache: KVCache) -> dict[str, int]:
+    return {"max_context": cache.max_len, "num_cache_slots": cache.num_slots, "cache_len": cache.max_len}
+
+
+def _nh_cache_args(cache: NhDecoderCache) -> dict[str, int]:
+    return {
+        "max_context": cache.max_seq_len,
+        "num_cache_slots": cache.max_rows,
+        "cache_len": cache.max_seq_len,
+        "cross_cache_len": cache.max_text_len,
+    }
+
+
 class MegakernelDecoderStep(_Backend):
     """LlamaForCausalLM.decode as one full-step region (embed, layers, final norm, head)."""
 
@@ -592,11 +611,7 @@ class MegakernelDecoderStep(_Backend):
             cache,
             self.llama,
             self.llama.device,
-            {
-                "max_context": cache.max_seq_len,
-                "num_cache_slots": cache.k.shape[1],
-                "cache_len": cache.max_seq_len,
-            },
+            _decoder_cache_args(cache),
         )
 
     def __call__(self, cache: LlamaKVCache, slots: Sequence[int], token_ids: torch.Tensor) -> torch.Tensor:
@@ -644,11 +659,7 @@ class MegakernelTalkerStep(_Backend):
             cache,
             self.talker,
             self.device,
-            {
-                "max_context": cache.max_len,
-                "num_cache_slots": cache.num_slots,
-                "cache_len": cache.max_len,
-            },
+            _talker_cache_args(cache),
         )
 
     def __call__(self, inputs: torch.Tensor, view: CacheView) -> tuple[torch.Tensor, torch.Tensor]:
@@ -774,12 +785,7 @@ class MegakernelNhDecoderStep(_Backend):
             cache,
             self.network,
             self.network.device,
-            {
-                "max_context": cache.max_seq_len,
-                "num_cache_slots": cache.max_rows,
-                "cache_len": cache.max_seq_len,
-                "cross_cache_len": cache.max_text_len,
-            },
+            _nh_cache_args(cache),
         )
 
     def __call__(self, cache: NhDecoderCache, rows: Sequence[int], codes: torch.Tensor) -> torch.Tensor:

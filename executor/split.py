@@ -46,10 +46,13 @@ from tilevox.executor.megakernel import (
     _check_cuda,
     _checked_view,
     _Compiled,
+    _decoder_cache_args,
     _greedy_inputs,
+    _nh_cache_args,
     _nh_check_decode,
     _nh_well_formed,
     _RegionRunner,
+    _talker_cache_args,
 )
 from tilevox.models.decoder_view import decoder_view
 from tilevox.models.qwen3_tts.layers import CacheView
@@ -271,10 +274,7 @@ class SplitDecoderStep(_SplitRegion):
         try:
             self._check_call(batch, cache)
             bucket = self._bucket(batch, cache.k.shape[1])
-            compiled = self._compile_pieces(
-                bucket,
-                {"max_context": cache.max_seq_len, "num_cache_slots": cache.k.shape[1], "cache_len": cache.max_seq_len},
-            )
+            compiled = self._compile_pieces(bucket, _decoder_cache_args(cache))
         except _CallUnsupported as exc:
             self._fallback(str(exc))
             return self.network.decode(cache, slots, token_ids)
@@ -332,14 +332,7 @@ class SplitTalkerStep(_SplitRegion):
                 raise _CallUnsupported("slots given as a slice")
             self._check_call(batch, view.cache)
             bucket = self._bucket(batch, view.cache.num_slots)
-            compiled = self._compile_pieces(
-                bucket,
-                {
-                    "max_context": view.cache.max_len,
-                    "num_cache_slots": view.cache.num_slots,
-                    "cache_len": view.cache.max_len,
-                },
-            )
+            compiled = self._compile_pieces(bucket, _talker_cache_args(view.cache))
         except _CallUnsupported as exc:
             self._fallback(str(exc))
             return self.network.forward_tokens(inputs, view)
@@ -396,15 +389,7 @@ class SplitNhDecoderStep(_SplitRegion):
             _nh_check_decode(cache, rows, codes)
             self._check_call(batch, cache)
             bucket = self._bucket(batch, cache.max_rows)
-            compiled = self._compile_pieces(
-                bucket,
-                {
-                    "max_context": cache.max_seq_len,
-                    "num_cache_slots": cache.max_rows,
-                    "cache_len": cache.max_seq_len,
-                    "cross_cache_len": cache.max_text_len,
-                },
-            )
+            compiled = self._compile_pieces(bucket, _nh_cache_args(cache))
         except _CallUnsupported as exc:
             self._fallback(str(exc))
             return self.network.step(cache, rows, codes)
