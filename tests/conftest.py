@@ -91,6 +91,21 @@ def sampled_frames(model, seeds, params, *, steps: int) -> dict[int, list[torch.
     return {seed: out[i] for seed, i in zip(seeds, ids)}
 
 
+def prefilled_llama_caches(llama, count: int, lengths: dict[int, int], gen: torch.Generator) -> list:
+    """`count` identical Llama KV caches (4 slots x 256 positions, all allocated) on the model's device: slot s
+    prefilled with lengths[s] random tokens (drawn from `gen` on the CPU, in the dict's order)."""
+    device = next(llama.parameters()).device
+    caches = [llama.new_cache(max_streams=4, max_seq_len=256) for _ in range(count)]
+    for cache in caches:
+        for _ in range(4):
+            cache.allocate()
+    for slot, length in lengths.items():
+        prompt = torch.randint(0, llama.config.vocab_size, (length,), generator=gen).to(device)
+        for cache in caches:
+            llama.prefill(cache, slot, prompt)
+    return caches
+
+
 def decoded_nh_caches(
     network, count: int, rows, positions, texts, gen: torch.Generator, *, max_seq_len: int = 40, max_text_len: int = 24
 ) -> list:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import decoded_nh_caches, sampled_frames
+from tests.conftest import decoded_nh_caches, prefilled_llama_caches, sampled_frames
 from tilevox.engine_builder.regions import region_compiler
 from tilevox.executor.megakernel import (
     LOGGER_NAME,
@@ -92,17 +92,9 @@ def test_llasa_decoder_step_vm_equals_conventional():
 def test_decoder_step_logits_for_streams_at_different_positions():
     model = _llasa()
     llama = model.llama
-    ref_cache = llama.new_cache(max_streams=4, max_seq_len=256)
-    vm_cache = llama.new_cache(max_streams=4, max_seq_len=256)
     gen = torch.Generator().manual_seed(4)
     slots = [3, 0, 2]
-    for cache in (ref_cache, vm_cache):
-        for _ in range(4):
-            cache.allocate()
-    for slot, length in zip(slots, [2, 23, 9]):
-        prompt = torch.randint(0, llama.config.vocab_size, (length,), generator=gen)
-        llama.prefill(ref_cache, slot, prompt)
-        llama.prefill(vm_cache, slot, prompt)
+    ref_cache, vm_cache = prefilled_llama_caches(llama, 2, dict(zip(slots, [2, 23, 9], strict=True)), gen)
     backend = MegakernelDecoderStep(llama, VM)
     tokens = torch.randint(0, llama.config.vocab_size, (3,), generator=gen)
     for _ in range(3):

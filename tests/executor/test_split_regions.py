@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import decoded_nh_caches
+from tests.conftest import decoded_nh_caches, prefilled_llama_caches
 from tilevox.engine_builder.regions import region_compiler
 from tilevox.executor.megakernel import BackendOptions, Executor
 from tilevox.executor.split import SplitDecoderStep, SplitPiece, SplitTalkerStep, make_split_backend
@@ -69,16 +69,8 @@ def test_llama_decoder_step_in_pieces_equals_decode(split):
     )
     n = len(llama.model.layers)
     pieces = _llama_splits(n)[split]
-    caches = [llama.new_cache(max_streams=4, max_seq_len=256) for _ in range(2)]
     gen = torch.Generator().manual_seed(split)
-    for cache in caches:
-        for _ in range(4):
-            cache.allocate()
-    for slot, length in {3: 2, 0: 23, 2: 9, 1: 14}.items():
-        prompt = torch.randint(0, llama.config.vocab_size, (length,), generator=gen)
-        for cache in caches:
-            llama.prefill(cache, slot, prompt)
-    got_cache, ref_cache = caches
+    got_cache, ref_cache = prefilled_llama_caches(llama, 2, {3: 2, 0: 23, 2: 9, 1: 14}, gen)
     untouched = got_cache.k[:, 1].clone()
     backend = SplitDecoderStep(llama, pieces, megakernel=VM)
     slots = [3, 0, 2]

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.conftest import decoded_nh_caches
+from tests.conftest import decoded_nh_caches, prefilled_llama_caches
 from tilevox.engine_builder.regions import region_compiler
 from tilevox.executor.graphs import GraphOptions
 from tilevox.executor.megakernel import BackendOptions
@@ -28,6 +28,8 @@ from tilevox.models.qwen3_tts.model import ModelOptions
 pytestmark = [pytest.mark.gpu, pytest.mark.requires_megakernel]
 
 MK = BackendOptions(compiler=region_compiler())
+# the same pieces run eagerly: no graphs, megakernel launches not captured (what each test's replays must equal)
+EAGER_GRAPHS, EAGER_MK = GraphOptions(capture=False), dataclasses.replace(MK, cuda_graphs=False)
 
 
 def _llama():
@@ -43,25 +45,14 @@ def _llama():
     return model.llama
 
 
-def _caches(llama, count: int):
-    caches = [llama.new_cache(max_streams=4, max_seq_len=256) for _ in range(count)]
-    gen = torch.Generator().manual_seed(2)
-    for cache in caches:
-        for _ in range(4):
-            cache.allocate()
-    for slot, length in {3: 2, 0: 23, 2: 9}.items():
-        prompt = torch.randint(0, llama.config.vocab_size, (length,), generator=gen).cuda()
-        for cache in caches:
-            llama.prefill(cache, slot, prompt)
-    return caches
-
-
 @pytest.mark.parametrize("kinds", ["mg", "gm"])
 def test_llama_step_in_pieces_equals_decode_and_replays_equal_first_calls(kinds):
     llama = _llama()
     n = len(llama.model.layers)
     pieces = [SplitPiece(0, 1, megakernel=kinds[0] == "m"), SplitPiece(1, n, megakernel=kinds[1] == "m")]
-    ref_cache, split_cache, again_cache = _caches(llama, 3)
+    ref_cache, split_cache, again_cache = prefilled_llama_caches(
+        llama, 3, {3: 2, 0: 23, 2: 9}, torch.Generator().manual_seed(2)
+    )
     split = SplitDecoderStep(llama, pieces, megakernel=MK)
     slots = [3, 0, 2]
     tokens = torch.tensor([5, 7, 11], device="cuda")
@@ -74,9 +65,8 @@ def test_llama_step_in_pieces_equals_decode_and_replays_equal_first_calls(kinds)
         tokens = want.argmax(-1)
     split.check()
     assert split.num_split_calls == 4 and split.num_conventional_calls == 0
-    # the same pieces run eagerly (no graphs, launches not captured) against this one's replays: bit for bit
-    eager = dataclasses.replace(MK, cuda_graphs=False)
-    fresh = SplitDecoderStep(llama, pieces, graphs=GraphOptions(capture=False), megakernel=eager)
+    # the same pieces run eagerly against this one's replays: bit for bit
+    fresh = SplitDecoderStep(llama, pieces, graphs=EAGER_GRAPHS, megakernel=EAGER_MK)
     for step_tokens, got in steps:
         assert torch.equal(fresh(again_cache, slots, step_tokens), got)
     torch.cuda.synchronize()
@@ -143,8 +133,7 @@ def test_nh_tts_decoder_step_in_pieces_equals_step_and_replays_equal_first_calls
     torch.testing.assert_close(split_cache.self_k, ref_cache.self_k, atol=1e-3, rtol=1e-3)
     torch.testing.assert_close(split_cache.self_v, ref_cache.self_v, atol=1e-3, rtol=1e-3)
     assert split.num_split_calls == 4 and split.num_conventional_calls == 0
-    eager = dataclasses.replace(MK, cuda_graphs=False)
-    fresh = SplitNhDecoderStep(network, pieces, graphs=GraphOptions(capture=False), megakernel=eager)
+    fresh = SplitNhDecoderStep(network, pieces, graphs=EAGER_GRAPHS, megakernel=EAGER_MK)
     for codes, got in steps:
         assert torch.equal(fresh(again_cache, rows, codes), got)
     torch.cuda.synchronize()
