@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from tilevox.engine_builder.build import _whole, fit_cut_costs, piece_prices
+from tilevox.engine_builder.build import _is_cut, fit_cut_costs, piece_prices
 from tilevox.engine_builder.composition import (
     Backend,
     Composition,
@@ -70,7 +70,7 @@ def reprice(build_dir: Path, context: int) -> list[dict]:
                     "model": plan["model"],
                     "batch": batch,
                     "label": row["label"],
-                    "cut": any(not _whole(p, layout) for p in Composition.from_list(row["composition"]).pieces),
+                    "cut": _is_cut(composition, layout),
                     "measured_ms": row["measured_step_ms"],
                     "predicted_ms_then": row["predicted_step_ms"],
                     "error_then": row["prediction_error"],
