@@ -173,14 +173,14 @@ def _to_measure(
     ranked: Sequence[Ranked],
     layout: Sequence[RegionLayout],
     measure_top: int,
-    anchor_backends: dict[str, Backend],
+    conventional: Ranked,
     *,
     splits: bool,
 ) -> list[tuple[Ranked, str]]:
     """The candidates `--measure` runs end to end at one bucket, each with why, in this order: the `measure_top`
     best predicted, the best cut (with splits, so that a cut is always measured against its prediction), and
-    the two fixed choices a user has without a plan: every region on the anchor's conventional backend, and
-    every region whole on the megakernel where it has one (`--megakernel all`). The plan keeps the fastest
+    the two fixed choices a user has without a plan: `conventional` (every region on the anchor's conventional
+    backend), and every region whole on the megakernel where it has one (`--megakernel all`). The plan keeps the fastest
     measured, so that at every bucket it is never slower than either fixed choice measured in the same build."""
     finite = [r for r in ranked if math.isfinite(r.step_s)]
     mk_regions = {p.region for r in finite for p in r.composition.pieces if p.backend is Backend.MEGAKERNEL}
@@ -192,9 +192,6 @@ def _to_measure(
     chosen: list[tuple[Ranked | None, str]] = [(r, f"predicted top {measure_top}") for r in finite[:measure_top]]
     if splits:
         chosen.append((next((r for r in finite if _is_cut(r.composition, layout)), None), "best cut"))
-    conventional = next(
-        (r for r in finite if all(p.backend is anchor_backends[p.region] for p in r.composition.pieces)), None
-    )
     chosen.append((conventional, "fixed: all conventional"))
     if mk_regions:
         chosen.append((next((r for r in finite if all_megakernel(r)), None), "fixed: all megakernel"))
@@ -552,7 +549,7 @@ def build_plan(
         if not math.isfinite(ranked[0].step_s):
             raise RuntimeError(f"no candidate could be measured at batch {batch}")
         if measure_top > 0:
-            chosen = _to_measure(ranked, layout, measure_top, anchor_backends, splits=splits)
+            chosen = _to_measure(ranked, layout, measure_top, base, splits=splits)
             top = [r for r, _ in chosen]
             rows = {id(r): row for r, row in zip(ranked, ranked_report[batch], strict=True)}
             for r, why in chosen:
